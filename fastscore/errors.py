@@ -1,0 +1,84 @@
+"""Typed errors raised by library code. Only the CLI turns them into messages and exit codes."""
+
+from __future__ import annotations
+
+
+class FastscoreError(Exception):
+    """Base of every error fastscore raises on purpose; the CLI prints its message without a traceback."""
+
+    exit_code = 1
+
+
+class UnknownModelError(FastscoreError):
+    exit_code = 2
+
+
+class UnknownQuantError(FastscoreError):
+    exit_code = 2
+
+
+class UnknownBackendError(FastscoreError):
+    exit_code = 2
+
+
+class MissingDependencyError(FastscoreError):
+    """An optional dependency is not installed; the message names the pip extra that provides it."""
+
+    exit_code = 3
+
+    def __init__(self, package: str, extra: str):
+        self.package = package
+        self.extra = extra
+        super().__init__(
+            f"{package} is not installed; install the extra with: pip install 'fastscore[{extra}]'"
+        )
+
+
+class ArtefactUnavailableError(FastscoreError):
+    """A model artefact is not local and cannot be fetched (e.g. the hub is unreachable)."""
+
+    exit_code = 4
+
+
+class ConversionError(FastscoreError):
+    exit_code = 5
+
+
+class ConversionCheckError(ConversionError):
+    """A converted artefact was read back and failed its check."""
+
+
+class RequestError(FastscoreError):
+    """Malformed scoring input; `line` is the 1-based JSONL line when known."""
+
+    exit_code = 6
+
+    def __init__(self, message: str, line: int | None = None, request_id: object = None):
+        self.line = line
+        self.request_id = request_id
+        where = []
+        if line is not None:
+            where.append(f"line {line}")
+        if request_id is not None:
+            where.append(f"request {request_id!r}")
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+class ContextTooLongError(RequestError):
+    pass
+
+
+class TokenizationError(FastscoreError):
+    pass
+
+
+class UnsupportedError(FastscoreError):
+    """The chosen backend lacks a capability (see its class attributes)."""
+
+    exit_code = 2
+
+
+class DataError(FastscoreError):
+    """Missing or malformed study data files."""
+
+    exit_code = 7

@@ -1,0 +1,335 @@
+"""Study metrics: per-item score rows in, corrective gains with paired bootstrap CIs out (pure numpy).
+
+Missing values are NaN only inside this module and metrics_stats; `summarize` emits absent keys with a reason
+instead, and checks that its output holds no NaN or infinity.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from fastscore.errors import DataError
+from fastscore.study.metrics_stats import (  # re-exported: the maths is part of this module's public API
+    CI_LEVEL,
+    Estimate,
+    assert_json_safe,
+    bootstrap_ci,
+    bootstrap_means,
+    corrective_gain,
+    odds_factor,
+    present_count,
+    ratio_ci,
+    resample_indices,
+    share_removed,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CI_LEVEL", "CONDITIONS", "ENVS", "GAIN_CONDITIONS", "GAIN_UNDEFINED", "REFERENCE", "REMEDIES",
+    "EnvTable", "Estimate", "ScoreRow", "assert_json_safe", "bootstrap_ci", "bootstrap_means", "build_tables",
+    "candidate_probabilities", "corrective_gain", "odds_factor", "present_count", "ratio_ci", "read_score_rows",
+    "resample_indices", "share_removed", "summarize", "write_score_rows",
+]
+
+ENVS = ("tools", "mbpp")
+CONDITIONS = ("before", "after", "success", "neutral", "description", "dont_repeat", "clean_retry", "ban")
+REFERENCE = "before"
+REMEDIES = ("description", "dont_repeat", "clean_retry")
+# The decoder ban makes the failed string unreachable: its lp is -inf by construction, so G is undefined.
+GAIN_UNDEFINED = {"ban": "the decoder ban makes the failed action unreachable (lp = -inf by construction)"}
+GAIN_CONDITIONS = tuple(c for c in CONDITIONS if c != REFERENCE and c not in GAIN_UNDEFINED)
+GAIN_METRICS = ("gain", "gain_per_token", "odds_factor", "share_negative")
+ROW_METRICS = ("p_repeat", "p_repeat_norm", "greedy_repeat", "greedy_success", "banned_mass")
+
+
+@dataclass(frozen=True)
+class ScoreRow:
+    """Scores of one item under one condition. lp values are natural-log sums over the scored tokens;
+    candidate 0 is the failed action. -inf (a banned string) is written as null in JSON."""
+
+    item_id: str
+    env: str
+    condition: str
+    lp: float
+    n_tokens: int
+    cand_lp: tuple[float, ...]
+    cand_n_tokens: tuple[int, ...]
+    p_repeat: float
+    p_repeat_norm: float
+    greedy: str | None = None
+    greedy_repeat: bool | None = None
+    greedy_success: bool | None = None
+    banned_mass: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cand_lp", tuple(float(x) for x in self.cand_lp))
+        object.__setattr__(self, "cand_n_tokens", tuple(int(x) for x in self.cand_n_tokens))
+        where = f"row {self.env}/{self.item_id}/{self.condition}"
+        if self.env not in ENVS:
+            raise DataError(f"{where}: unknown env {self.env!r} (expected one of {ENVS})")
+        if self.condition not in CONDITIONS:
+            raise DataError(f"{where}: unknown condition {self.condition!r} (expected one of {CONDITIONS})")
+        if math.isnan(self.lp) or (self.lp == -math.inf and self.condition not in GAIN_UNDEFINED):
+            raise DataError(f"{where}: lp must be finite (got {self.lp})")
+        if self.n_tokens < 1:
+            raise DataError(f"{where}: n_tokens must be >= 1 (got {self.n_tokens})")
+        if not self.cand_lp or len(self.cand_lp) != len(self.cand_n_tokens):
+            raise DataError(f"{where}: cand_lp and cand_n_tokens must be non-empty and of equal length")
+        for name in ("p_repeat", "p_repeat_norm", "banned_mass"):
+            value = getattr(self, name)
+            if value is not None and not (0.0 <= value <= 1.0 + 1e-6):
+                raise DataError(f"{where}: {name} must be a probability (got {value})")
+
+    def to_dict(self) -> dict[str, Any]:
+        raw = asdict(self)
+        raw["lp"] = _encode_lp(self.lp)
+        raw["cand_lp"] = [_encode_lp(x) for x in self.cand_lp]
+        raw["cand_n_tokens"] = list(self.cand_n_tokens)
+        return raw
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "ScoreRow":
+        raw = dict(raw)
+        try:
+            raw["lp"] = _decode_lp(raw["lp"])
+            raw["cand_lp"] = tuple(_decode_lp(x) for x in raw["cand_lp"])
+            raw["cand_n_tokens"] = tuple(raw["cand_n_tokens"])
+            return cls(**raw)
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"malformed score row: {exc}") from exc
+
+
+def _encode_lp(x: float) -> float | None:
+    return None if x == -math.inf else float(x)
+
+
+def _decode_lp(x: float | None) -> float:
+    return -math.inf if x is None else float(x)
+
+
+def read_score_rows(path: Path) -> list[ScoreRow]:
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    rows.append(ScoreRow.from_dict(json.loads(line)))
+                except (json.JSONDecodeError, DataError) as exc:
+                    raise DataError(f"{path}:{number}: {exc}") from exc
+    return rows
+
+
+def write_score_rows(path: Path, rows: Iterable[ScoreRow]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row.to_dict(), ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def candidate_probabilities(cand_lp: Iterable[float], cand_n_tokens: Iterable[int]) -> tuple[float, float]:
+    """P(candidate 0) over the candidate set: by summed log-prob, and by per-token (length-normalised) log-prob."""
+    lp = np.asarray(list(cand_lp), dtype=float)
+    n = np.asarray(list(cand_n_tokens), dtype=float)
+    return float(_softmax(lp)[0]), float(_softmax(lp / n)[0])
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    top = np.max(x)
+    if not np.isfinite(top):
+        raise DataError("every candidate has log-probability -inf")
+    e = np.exp(x - top)
+    return e / e.sum()
+
+
+# ---------------------------------------------------------------- per-env tables
+
+
+@dataclass(frozen=True)
+class EnvTable:
+    """Rows of one env as per-condition arrays aligned on sorted item ids (NaN where an item lacks the row)."""
+
+    env: str
+    item_ids: tuple[str, ...]
+    columns: dict[str, dict[str, np.ndarray]] = field(repr=False)
+
+    def has(self, condition: str) -> bool:
+        return condition in self.columns
+
+    def column(self, condition: str, name: str) -> np.ndarray:
+        if condition not in self.columns:
+            return np.full(len(self.item_ids), np.nan)
+        return self.columns[condition][name]
+
+    def present(self, condition: str) -> np.ndarray:
+        return ~np.isnan(self.column(condition, "n_tokens"))
+
+    def gain(self, condition: str) -> np.ndarray:
+        if condition in GAIN_UNDEFINED:
+            raise DataError(f"G is not defined for {condition!r}: {GAIN_UNDEFINED[condition]}")
+        return corrective_gain(self.column(REFERENCE, "lp"), self.column(condition, "lp"))
+
+
+def _as_float(x: float | bool | None) -> float:
+    return np.nan if x is None else float(x)
+
+
+def build_tables(rows: Iterable[ScoreRow]) -> dict[str, EnvTable]:
+    by_env: dict[str, dict[tuple[str, str], ScoreRow]] = {}
+    for row in rows:
+        cell = by_env.setdefault(row.env, {})
+        key = (row.item_id, row.condition)
+        if key in cell:
+            raise DataError(f"duplicate score row for {row.env}/{row.item_id}/{row.condition}")
+        cell[key] = row
+    tables = {}
+    for env in sorted(by_env, key=lambda e: (ENVS.index(e), e)):
+        cell = by_env[env]
+        ids = tuple(sorted({item for item, _ in cell}))
+        pos = {item: i for i, item in enumerate(ids)}
+        columns: dict[str, dict[str, np.ndarray]] = {}
+        for cond in CONDITIONS:
+            members = [(pos[item], row) for (item, c), row in cell.items() if c == cond]
+            if not members:
+                continue
+            cols = {name: np.full(len(ids), np.nan) for name in ("lp", "n_tokens") + ROW_METRICS}
+            for i, row in members:
+                for name in cols:
+                    cols[name][i] = _as_float(getattr(row, name))
+            columns[cond] = cols
+        tables[env] = EnvTable(env, ids, columns)
+    return tables
+
+
+# ---------------------------------------------------------------- summary
+
+
+def summarize(rows: Iterable[ScoreRow], seed: int = 0, n_boot: int = 2000) -> dict[str, Any]:
+    """{env: {n_items, conditions, decomposition, remedies, ...}}: JSON-safe (no NaN/inf; absent keys carry reasons)."""
+    tables = build_tables(rows)
+    if not tables:
+        raise DataError("no score rows to summarise")
+    summary = {env: _summarize_env(table, seed, n_boot) for env, table in tables.items()}
+    assert_json_safe(summary)
+    return summary
+
+
+def _summarize_env(table: EnvTable, seed: int, n_boot: int) -> dict[str, Any]:
+    # crc32, not hash(): str hashes are salted per process and the CIs must be reproducible.
+    idx = resample_indices(len(table.item_ids), n_boot, [seed, zlib.crc32(table.env.encode())])
+    log.info("summarising %s: %d items, %d resamples", table.env, len(table.item_ids), n_boot)
+    return {
+        "n_items": len(table.item_ids),
+        "conditions_present": {c: int(table.present(c).sum()) for c in CONDITIONS if table.has(c)},
+        "bootstrap": {"n_boot": n_boot, "seed": seed, "level": CI_LEVEL, "method": "percentile, items resampled"},
+        "conditions": {c: _condition_metrics(table, c, idx) for c in CONDITIONS if table.has(c)},
+        "decomposition": _decomposition(table, idx),
+        "remedies": _remedies(table, idx),
+    }
+
+
+def _condition_metrics(table: EnvTable, cond: str, idx: np.ndarray) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    missing: dict[str, str] = {}
+    if cond == REFERENCE:
+        missing.update(dict.fromkeys(GAIN_METRICS, "reference condition: G(before) = 0 by definition"))
+    elif cond in GAIN_UNDEFINED:
+        missing.update(dict.fromkeys(GAIN_METRICS, f"not applicable: {GAIN_UNDEFINED[cond]}"))
+    else:
+        gain = table.gain(cond)
+        if present_count(gain) == 0:
+            missing.update(dict.fromkeys(GAIN_METRICS, f"no item has both {REFERENCE!r} and {cond!r}"))
+        else:
+            per_token = bootstrap_ci(gain / table.column(cond, "n_tokens"), idx)
+            out["gain"] = bootstrap_ci(gain, idx).to_dict()
+            out["gain_per_token"] = per_token.to_dict()
+            out["odds_factor"] = odds_factor(per_token).to_dict()
+            out["share_negative"] = bootstrap_ci(np.where(np.isnan(gain), np.nan, gain < 0), idx).to_dict()
+    for name in ROW_METRICS:
+        values = table.column(cond, name)
+        if present_count(values) == 0:
+            missing[name] = f"not recorded for {cond!r}"
+        else:
+            out[name] = bootstrap_ci(values, idx).to_dict()
+    if missing:
+        out["not_applicable"] = missing
+    return out
+
+
+def _masked(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    return np.where(mask, values, np.nan)
+
+
+def _needs(table: EnvTable, conds: tuple[str, ...]) -> tuple[np.ndarray, str]:
+    mask = np.logical_and.reduce([table.present(c) for c in conds])
+    return mask, "items with " + " and ".join(repr(c) for c in conds)
+
+
+def _ratio_or_reason(num: np.ndarray, den: np.ndarray, idx: np.ndarray) -> Estimate | str:
+    if float(np.nanmean(den)) == 0.0:
+        return "the denominator's mean is exactly 0"
+    return ratio_ci(num, den, idx)
+
+
+def _decomposition(table: EnvTable, idx: np.ndarray) -> dict[str, Any]:
+    """Surface part G(neutral) and semantic parts; each identity is computed on one common item set."""
+    out: dict[str, Any] = {}
+    missing: dict[str, str] = {}
+    mask, who = _needs(table, (REFERENCE, "after", "neutral"))
+    out["items_neutral_set"] = who
+    if mask.any():
+        g_after, g_neutral = _masked(table.gain("after"), mask), _masked(table.gain("neutral"), mask)
+        out["gain_after"] = bootstrap_ci(g_after, idx).to_dict()
+        out["surface"] = bootstrap_ci(g_neutral, idx).to_dict()
+        out["semantic_vs_neutral"] = bootstrap_ci(g_after - g_neutral, idx).to_dict()
+        share = _ratio_or_reason(g_neutral, g_after, idx)
+        if isinstance(share, str):
+            missing["surface_share"] = share
+        else:
+            out["surface_share"] = share.to_dict()
+    else:
+        for key in ("gain_after", "surface", "semantic_vs_neutral", "surface_share"):
+            missing[key] = f"no {who}"
+    mask, who = _needs(table, (REFERENCE, "after", "success"))
+    out["items_success_set"] = who
+    if mask.any():
+        g_after, g_success = _masked(table.gain("after"), mask), _masked(table.gain("success"), mask)
+        out["gain_after_success_set"] = bootstrap_ci(g_after, idx).to_dict()
+        out["semantic_vs_success"] = bootstrap_ci(g_after - g_success, idx).to_dict()
+    else:
+        missing["gain_after_success_set"] = missing["semantic_vs_success"] = f"no {who}"
+    if missing:
+        out["not_applicable"] = missing
+    return out
+
+
+def _remedies(table: EnvTable, idx: np.ndarray) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for remedy in REMEDIES:
+        mask, who = _needs(table, (REFERENCE, "after", remedy))
+        if not mask.any():
+            out[remedy] = {"not_applicable": dict.fromkeys(("gain", "gain_after", "share_removed"), f"no {who}")}
+            continue
+        g_remedy, g_after = _masked(table.gain(remedy), mask), _masked(table.gain("after"), mask)
+        entry: dict[str, Any] = {
+            "gain": bootstrap_ci(g_remedy, idx).to_dict(),
+            "gain_after": bootstrap_ci(g_after, idx).to_dict(),
+        }
+        ratio = _ratio_or_reason(g_remedy, g_after, idx)
+        if isinstance(ratio, str):
+            entry["not_applicable"] = {"share_removed": ratio}
+        else:
+            entry["share_removed"] = share_removed(ratio).to_dict()
+        out[remedy] = entry
+    for cond, reason in GAIN_UNDEFINED.items():
+        if table.has(cond):
+            # Its effect shows in P(repeat), greedy metrics and banned mass under conditions[cond].
+            out[cond] = {"not_applicable": dict.fromkeys(("gain", "gain_after", "share_removed"), reason)}
+    return out

@@ -1,0 +1,1 @@
+"""The registry of checkpoints: registry.toml is data; fastscore.registry reads it."""

@@ -1,0 +1,126 @@
+"""report.md and the plots, from summaries of crafted score rows."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+
+from fastscore.study.metrics import CONDITIONS, ScoreRow, candidate_probabilities, summarize
+from fastscore.study.plots import PLOT_FILES, write_plots
+from fastscore.study.report import write_report
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+META = {
+    "weights": "SmolLM2-135M-Instruct: crafted rows for a test, no weights were run",
+    "model": "smollm2-135m-instruct", "backend": "llamacpp", "quant": "q4_1", "seed": 11, "limit": 25,
+    "failure_source": "synthetic", "n_boot": 200, "date": "2026-08-30", "command": "fastscore study --limit 25",
+    "stage_seconds": {"build items": 1.25, "score": 412.5, "greedy": 73.0},
+    "skipped": {"tools": {"no ground truth": 4, "schema unsupported": 2}, "mbpp": {"no failing variant": 1}},
+}
+
+
+def study_rows(shift: float, n: int = 25, seed: int = 0) -> list[ScoreRow]:
+    """Every condition for two envs; `shift` is how much the failure record raises the failed action's lp."""
+    rng = np.random.default_rng(seed)
+    offsets = {"before": 0.0, "after": shift, "success": 0.8 * shift, "neutral": 0.7 * shift,
+               "description": 0.2 * shift, "dont_repeat": shift, "clean_retry": 1.2 * shift}
+    rows = []
+    for env in ("tools", "mbpp"):
+        for i in range(n):
+            base = -15.0 + rng.normal()
+            for cond in CONDITIONS:
+                lp = -math.inf if cond == "ban" else base + offsets[cond] + 0.5 * rng.normal()
+                cand = (lp, -14.0, -16.0)
+                p, p_norm = candidate_probabilities(cand, (6, 5, 7))
+                rows.append(ScoreRow(f"{env}-{i}", env, cond, lp, 6, cand, (6, 5, 7), p, p_norm,
+                                     greedy="g", greedy_repeat=bool(rng.random() < 0.3), greedy_success=False,
+                                     banned_mass=0.2 if cond == "ban" else None))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def backfire(tmp_path_factory):
+    rows = study_rows(shift=3.0)
+    summary = summarize(rows, seed=11, n_boot=200)
+    out = tmp_path_factory.mktemp("study-out")
+    plots = write_plots(rows, summary, out)
+    return rows, summary, out, plots, write_report(summary, out, META)
+
+
+def test_plots_are_valid_pngs(backfire):
+    _, _, out, plots, _ = backfire
+    assert [p.name for p in plots] == list(PLOT_FILES)
+    for path in plots:
+        data = path.read_bytes()
+        print(path.name, len(data), "bytes")
+        assert data[:8] == PNG_SIGNATURE and len(data) > 5000
+
+
+def test_report_has_every_table_and_the_run_record(backfire):
+    _, summary, out, _, report = backfire
+    text = report.read_text()
+    assert report == out / "report.md"
+    assert META["weights"] in text
+    run_values = ("llamacpp", "q4_1", "synthetic", "2026-08-30", "`fastscore study --limit 25`",
+                  "| item limit per env | 25 |")
+    for value in run_values:
+        assert value in text
+    for stage, seconds in (("build items", "1.2"), ("score", "412.5"), ("greedy", "73.0"), ("**total**", "**486.8**")):
+        assert f"| {stage} | {seconds} |" in text
+    assert "| tools | no ground truth | 4 |" in text and "| mbpp | no failing variant | 1 |" in text
+    assert "| tools | 25 | 6 |" in text  # items, skipped
+    for env in ("tools", "mbpp"):
+        section = text.split(f"## Results: {env}")[1].split("## Results:")[0]
+        for heading in ("### Reading", "### Conditions", "### Decomposition", "### Remedies"):
+            assert heading in section
+        for cond in CONDITIONS:
+            assert f"\n| {cond} |" in section
+        gain = summary[env]["conditions"]["after"]["gain"]
+        assert f"{gain['mean']:.3f} [{gain['lo']:.3f}, {gain['hi']:.3f}] ({gain['n']})" in section
+    for name in PLOT_FILES:
+        assert f"]({name})" in text
+    table_lines = [line for line in text.splitlines() if line.startswith("|")]
+    assert not [line for line in table_lines if re.search(r"\b(nan|inf)\b", line, re.IGNORECASE)]
+
+
+def test_reading_follows_the_sign_of_the_data(backfire, tmp_path):
+    _, _, _, _, report = backfire
+    assert "G(after)" in report.read_text() and "is negative" in report.read_text()
+    assert "made the repeat more likely" in report.read_text()
+    corrected = summarize(study_rows(shift=-3.0), seed=0, n_boot=200)
+    text = write_report(corrected, tmp_path, {}).read_text()
+    assert "is positive" in text and "made the repeat less likely" in text
+    assert "there is no inversion to remove" in text
+
+
+def test_report_and_plots_survive_missing_conditions_and_meta(tmp_path):
+    rows = [r for r in study_rows(shift=2.0, n=6) if r.condition in ("before", "after") and r.env == "tools"]
+    summary = summarize(rows, seed=0, n_boot=100)
+    plots = write_plots(rows, summary, tmp_path)
+    assert all(p.read_bytes()[:8] == PNG_SIGNATURE for p in plots)
+    text = write_report(summary, tmp_path, {}).read_text()
+    assert "| model | not recorded |" in text and "No stage timings were recorded." in text
+    assert "### Decomposition" in text and "n/a (no items with" in text
+
+
+def test_unstable_ratio_is_flagged_in_the_report(tmp_path):
+    rng = np.random.default_rng(4)
+    rows = []
+    for i in range(30):
+        base = -12.0 + rng.normal()
+        # G(after) straddles 0 (half the items each way), so every ratio over it is unstable.
+        lps = {"before": base, "after": base + (1.0 if i % 2 else -1.02), "neutral": base + 0.5, "description": base}
+        for cond, lp in lps.items():
+            rows.append(ScoreRow(f"t{i}", "tools", cond, lp, 4, (lp, -13.0), (4, 4), 0.5, 0.5))
+    summary = summarize(rows, seed=0, n_boot=300)
+    assert summary["tools"]["decomposition"]["surface_share"]["unstable"] is True
+    text = write_report(summary, tmp_path, {}).read_text()
+    lines = text.splitlines()
+    surface = [line for line in lines if line.startswith("| surface share")]
+    assert len(surface) == 1 and surface[0].split(" | ")[1].endswith(" ⚠")
+    remedy_rows = [line for line in lines if line.startswith("| description") and " ⚠" in line]
+    assert len(remedy_rows) == 1  # the remedy table's row; the condition table's row holds no ratio
+    assert "sign is not resolved" in text
