@@ -1,0 +1,297 @@
+"""The simulated tool-calling environment: study items built from BFCL (simple_python and multiple).
+
+Each item shows the tools' JSON schemas and the call format in the system prompt and the BFCL question as the user
+turn. Its failed call is a seeded mutation of the ground truth that the simulated runtime rejects (see
+tool_mutations.py); the candidate set is: failed call, ground truth, then two other rejected mutations. Actions use
+the one format documented in tool_runtime.py: `func_name(param=value, ...)` with Python literal values.
+
+Data layout: `data_dir/bfcl/<set>.json` and `data_dir/bfcl/possible_answer/<set>.json`, JSON lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastscore.errors import DataError
+from fastscore.study.items import Item, Skipped
+from fastscore.study.tool_answers import GroundTruthError, canonical_call, match_answer
+from fastscore.study.tool_describe import describe_failure
+from fastscore.study.tool_mutations import mutation_rng, seeded_mutations
+from fastscore.study.tool_runtime import (
+    CALL_FORMAT_INSTRUCTIONS, Call, ToolOutcome, ToolRejection, ToolRuntime, parse_call,
+)
+
+log = logging.getLogger(__name__)
+
+ENV = "tools"
+DATASETS = ("BFCL_v4_simple_python", "BFCL_v4_multiple")
+N_CANDIDATES = 4
+
+# How the record after the failed call is shown, per condition (see record_messages).
+RECORD_ROLE = "tool"
+SUCCESS_TEMPLATE = 'OK: {function} returned {{"status": "success"}}'
+NEUTRAL_MESSAGE = "Call received."
+DONT_REPEAT_INSTRUCTION = "Do not repeat the failed call."
+RECORD_KINDS = ("after", "success", "neutral", "description", "dont_repeat")
+
+SYSTEM_PREAMBLE = (
+    "You are a function-calling assistant. Answer the user's request by calling one of these tools, "
+    "given as JSON schemas:"
+)
+
+
+@dataclass(frozen=True)
+class ToolSource:
+    """One BFCL record: the question, the tools it offers and its possible answers (raw BFCL ground_truth)."""
+
+    source_id: str
+    dataset: str
+    question: str
+    functions: tuple[dict, ...] = field(hash=False)
+    ground_truth: tuple[dict, ...] = field(hash=False)
+
+
+class _Unusable(Exception):
+    """A record that yields no item; the message is the Skipped reason."""
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}: line {number}: invalid JSON ({exc.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("id"), str):
+                raise DataError(f"{path}: line {number}: expected a JSON object with a string 'id'")
+            records.append((number, record))
+    return records
+
+
+def _user_content(question: Any, where: str) -> str:
+    if not isinstance(question, list) or not all(isinstance(turn, list) for turn in question):
+        raise DataError(f"{where}: 'question' must be a list of turns (lists of messages)")
+    parts = []
+    for turn in question:
+        for message in turn:
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise DataError(f"{where}: every message needs 'role' and 'content'")
+            if message["role"] == "user":
+                parts.append(str(message["content"]))
+    return "\n\n".join(parts)
+
+
+def _check_functions(functions: Any, where: str) -> tuple[dict, ...]:
+    if not isinstance(functions, list) or not functions:
+        raise DataError(f"{where}: 'function' must be a non-empty list of schemas")
+    for schema in functions:
+        if (not isinstance(schema, dict) or not isinstance(schema.get("name"), str)
+                or not isinstance(schema.get("parameters"), dict)
+                or not isinstance(schema["parameters"].get("properties", {}), dict)):
+            raise DataError(f"{where}: every function needs a 'name' and a 'parameters' object")
+    return tuple(functions)
+
+
+def load_sources(data_dir: Path) -> list[ToolSource]:
+    """Read the BFCL question and possible-answer files; raises DataError naming the file and line."""
+    sources = []
+    for dataset in DATASETS:
+        question_path = Path(data_dir) / "bfcl" / f"{dataset}.json"
+        answer_path = Path(data_dir) / "bfcl" / "possible_answer" / f"{dataset}.json"
+        answers = {}
+        for number, record in _read_jsonl(answer_path):
+            if not isinstance(record.get("ground_truth"), list):
+                raise DataError(f"{answer_path}: line {number}: 'ground_truth' must be a list")
+            answers[record["id"]] = tuple(record["ground_truth"])
+        seen = set()
+        for number, record in _read_jsonl(question_path):
+            where = f"{question_path}: line {number}"
+            source_id = record["id"]
+            if source_id in seen:
+                raise DataError(f"{where}: duplicate id {source_id!r}")
+            if source_id not in answers:
+                raise DataError(f"{where}: id {source_id!r} has no possible answer in {answer_path}")
+            seen.add(source_id)
+            sources.append(ToolSource(
+                source_id=source_id,
+                dataset=dataset,
+                question=_user_content(record.get("question"), where),
+                functions=_check_functions(record.get("function"), where),
+                ground_truth=answers[source_id],
+            ))
+    log.info("loaded %d BFCL records from %s", len(sources), data_dir)
+    return sources
+
+
+def _single_answer(source: ToolSource) -> tuple[str, dict]:
+    if len(source.ground_truth) != 1:
+        raise _Unusable(f"ground truth has {len(source.ground_truth)} calls, need exactly one")
+    entry = source.ground_truth[0]
+    if not isinstance(entry, dict) or len(entry) != 1:
+        raise _Unusable("ground truth entry is not exactly one call")
+    (name, answer), = entry.items()
+    if not isinstance(answer, dict):
+        raise _Unusable("ground truth arguments are not an object")
+    return name, answer
+
+
+def _truth(source: ToolSource, runtime: ToolRuntime) -> Call:
+    """The canonical ground-truth call, checked against the runtime and the possible answers."""
+    if not source.question.strip():
+        raise _Unusable("question has no user content")
+    name, answer = _single_answer(source)
+    if name not in runtime.functions:
+        raise _Unusable(f"ground-truth function {name!r} is not among the tools")
+    try:
+        truth = canonical_call(runtime.schema(name), answer)
+    except GroundTruthError as exc:
+        raise _Unusable(f"ground truth unusable: {exc}") from None
+    outcome = runtime.execute(truth.render())
+    if not outcome.ok:
+        raise _Unusable(f"ground truth rejected by the runtime: {outcome.error}")
+    if not match_answer(truth, name, answer).ok:
+        raise _Unusable("ground truth does not match its own possible answers")
+    return truth
+
+
+def system_prompt(source: ToolSource) -> str:
+    tools = "\n".join(json.dumps(f, ensure_ascii=False) for f in source.functions)
+    return f"{SYSTEM_PREAMBLE}\n{tools}\n\n{CALL_FORMAT_INSTRUCTIONS}"
+
+
+def source_messages(source: ToolSource) -> list[dict]:
+    """The (system, user) context of a record, e.g. to sample a model's own first attempt (on-policy failures)."""
+    return [{"role": "system", "content": system_prompt(source)}, {"role": "user", "content": source.question}]
+
+
+def _description(outcome: ToolOutcome, action: str, call: Call | None, runtime: ToolRuntime) -> str:
+    target = len(action) + len(outcome.error)
+    text = describe_failure(outcome, call, runtime.functions, target)
+    if action.strip() and action.strip() in text:
+        raise AssertionError(f"description of {outcome.function} quotes the failed call")
+    return text
+
+
+def _item(source: ToolSource, item_id: str, failed: str, outcome: ToolOutcome, kind: str, truth: Call,
+          others: list, description: str, meta: dict) -> Item:
+    candidates = (failed, truth.render(), *(m.text for m in others))
+    if len(set(candidates)) != len(candidates):
+        raise AssertionError(f"{item_id}: candidates are not distinct")
+    return Item(
+        env=ENV, item_id=item_id, source_id=source.source_id, system=system_prompt(source), task=source.question,
+        failed_action=failed, error_message=outcome.error, failure_kind=kind, correct_actions=(truth.render(),),
+        candidates=candidates, description=description,
+        meta={"dataset": source.dataset, "function": truth.name, "runtime_kind": outcome.kind,
+              "candidate_kinds": [kind, "ground_truth", *(m.kind for m in others)], **meta},
+    )
+
+
+def _seeded_item(source: ToolSource, seed: int) -> Item:
+    runtime = ToolRuntime(source.functions)
+    truth = _truth(source, runtime)
+    mutations = seeded_mutations(truth, runtime, mutation_rng(seed, source.source_id), N_CANDIDATES - 1)
+    if not mutations:
+        raise _Unusable("no mutation of the ground truth is rejected by the runtime")
+    failed, others = mutations[0], mutations[1:]
+    outcome = runtime.execute(failed.text)
+    if outcome.ok or outcome != failed.outcome:
+        raise AssertionError(f"{source.source_id}: failed call {failed.text!r} is not rejected by the runtime")
+    description = _description(outcome, failed.text, failed.call, runtime)
+    return _item(source, f"{ENV}:{source.source_id}", failed.text, outcome, failed.kind, truth, others,
+                 description, {"seed": seed, "failures": "seeded"})
+
+
+def usable_sources(data_dir: Path, limit: int | None, seed: int) -> tuple[list[tuple[ToolSource, Item]], list[Skipped]]:
+    """The first `limit` usable records in the seed's shuffled order, each with its seeded item; skips examined."""
+    order = load_sources(data_dir)
+    random.Random(f"{seed}:order").shuffle(order)
+    chosen: list[tuple[ToolSource, Item]] = []
+    skipped: list[Skipped] = []
+    for source in order:
+        if limit is not None and len(chosen) >= limit:
+            break
+        try:
+            chosen.append((source, _seeded_item(source, seed)))
+        except _Unusable as exc:
+            skipped.append(Skipped(ENV, source.source_id, str(exc)))
+    log.info("tools: %d items, %d records skipped", len(chosen), len(skipped))
+    return chosen, skipped
+
+
+def build_items(data_dir: Path, limit: int | None, seed: int) -> tuple[list[Item], list[Skipped]]:
+    """Deterministic seeded items: same seed, same items. Skipped lists the unusable records met on the way."""
+    chosen, skipped = usable_sources(data_dir, limit, seed)
+    return [item for _, item in chosen], skipped
+
+
+def evaluate(source: ToolSource, action: str) -> ToolOutcome:
+    """Run a model's action: the runtime's rejection, "wrong_answer" if accepted but not a possible answer, or ok."""
+    runtime = ToolRuntime(source.functions)
+    outcome = runtime.execute(action)
+    if not outcome.ok:
+        return outcome
+    try:
+        name, answer = _single_answer(source)
+    except _Unusable as exc:
+        raise DataError(f"{source.source_id}: {exc}") from None
+    judged = match_answer(parse_call(action), name, answer)
+    return outcome if judged.ok else judged
+
+
+def item_from_failure(source: ToolSource, action: str, outcome: ToolOutcome, seed: int) -> Item:
+    """An item whose failed call is the model's own `action` (rejected, `outcome` from evaluate)."""
+    if outcome.ok or evaluate(source, action).ok:
+        raise ValueError(f"{source.source_id}: the action was accepted, it is not a failure")
+    runtime = ToolRuntime(source.functions)
+    try:
+        truth = _truth(source, runtime)
+    except _Unusable as exc:
+        raise DataError(f"{source.source_id}: {exc}") from None
+    if action == truth.render():
+        raise ValueError(f"{source.source_id}: the action is the ground truth")
+    rng = mutation_rng(seed, source.source_id)
+    others = seeded_mutations(truth, runtime, rng, N_CANDIDATES - 2, exclude=(action,))
+    try:
+        call = parse_call(action)
+    except ToolRejection:
+        call = None
+    description = _description(outcome, action, call, runtime)
+    return _item(source, f"{ENV}:{source.source_id}:model", action, outcome, "model", truth, others,
+                 description, {"seed": seed, "failures": "model"})
+
+
+def context_messages(item: Item) -> list[dict]:
+    return [{"role": "system", "content": item.system}, {"role": "user", "content": item.task}]
+
+
+def _called_function(item: Item) -> str:
+    try:
+        return parse_call(item.failed_action).name
+    except ToolRejection:
+        return parse_call(item.correct_actions[0]).name
+
+
+def record_messages(item: Item, kind: str) -> list[dict]:
+    """The messages that follow the (system, user) context under one record condition (see RECORD_KINDS)."""
+    attempt = {"role": "assistant", "content": item.failed_action}
+    if kind == "after":
+        return [attempt, {"role": RECORD_ROLE, "content": item.error_message}]
+    if kind == "success":
+        return [attempt, {"role": RECORD_ROLE, "content": SUCCESS_TEMPLATE.format(function=_called_function(item))}]
+    if kind == "neutral":
+        return [attempt, {"role": RECORD_ROLE, "content": NEUTRAL_MESSAGE}]
+    if kind == "description":
+        return [{"role": RECORD_ROLE, "content": item.description}]
+    if kind == "dont_repeat":
+        return [attempt, {"role": RECORD_ROLE, "content": f"{item.error_message}\n{DONT_REPEAT_INSTRUCTION}"}]
+    raise ValueError(f"unknown record kind {kind!r}; expected one of {RECORD_KINDS}")
