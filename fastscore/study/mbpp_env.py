@@ -1,0 +1,311 @@
+"""The MBPP program-repair environment: items whose failed action is a program that really fails its tests.
+
+Action format (fixed): the whole program in one fenced block, exactly "```python\\n<code>\\n```", where <code> has
+\\r\\n normalised to \\n, trailing whitespace stripped from every line and no leading/trailing blank lines.
+
+Failed actions are seeded single-edit mutants of the reference solution (see mbpp_mutations), kept only if running
+them against the task's tests in the sandbox fails. Each task draws from `random.Random(f"{seed}:{task_id}")`, so an
+item does not depend on which other tasks are in the study.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import re
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from tqdm import tqdm
+
+from fastscore.errors import DataError
+from fastscore.study.items import Item, Skipped
+from fastscore.study.mbpp_describe import describe_failure
+from fastscore.study.mbpp_mutations import Mutant, seeded_mutants
+from fastscore.study.sandbox import RunOutcome, SandboxLimits, run_program
+
+log = logging.getLogger(__name__)
+
+ENV = "mbpp"
+DATA_FILE = "mbpp.jsonl"
+EXTRA_MUTANTS = 2  # failing mutants shown in the candidate set besides the failed program and the reference
+WORKERS = 2
+# Mutants run under a shorter, fixed limit: references finish in milliseconds, and an infinite-loop mutant would
+# otherwise hold a worker for the full default timeout. Fixed (not derived from a measured time) so that outcomes
+# and their messages do not depend on machine load.
+MUTANT_LIMITS = SandboxLimits(timeout_s=2.0)
+EVAL_LIMITS = SandboxLimits()
+
+SYSTEM_PROMPT = (
+    "You are an expert Python programmer. Solve the user's programming task with a Python program that passes "
+    "the given tests. Answer with the complete program in a single fenced code block that starts with ```python "
+    "and ends with ```, and nothing else."
+)
+AFTER_PREFIX = "Running the tests failed:\n"
+SUCCESS_MESSAGE = "All tests passed."
+NEUTRAL_MESSAGE = "Program received."
+DONT_REPEAT_INSTRUCTION = "Do not repeat the failed program."
+RECORD_KINDS = ("after", "success", "neutral", "description", "dont_repeat")
+
+_FENCED = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
+_REQUIRED_KEYS = {"text": str, "code": str, "task_id": int, "test_list": list}
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class MbppSource:
+    task_id: int
+    text: str
+    code: str  # the reference solution as stored (may have \r\n and trailing spaces)
+    test_list: tuple[str, ...]
+    test_setup_code: str = ""
+    challenge_test_list: tuple[str, ...] = ()
+
+    @property
+    def reference(self) -> str:
+        return normalize_program(self.code)
+
+    @property
+    def tests(self) -> tuple[str, ...]:
+        return tuple(t.replace("\r\n", "\n").strip() for t in self.test_list)
+
+
+def normalize_program(code: str) -> str:
+    lines = [line.rstrip() for line in code.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    return "\n".join(lines).strip("\n")
+
+
+def format_program(code: str) -> str:
+    """The canonical action text for a program."""
+    return f"```python\n{normalize_program(code)}\n```"
+
+
+def extract_program(action_text: str) -> str:
+    """The program in a model's answer: the first ```python block (else the first fenced block), else the raw text.
+
+    An unterminated fence (a generation cut off at the token limit) yields everything after the opening line.
+    """
+    text = action_text.replace("\r\n", "\n")
+    blocks = _FENCED.findall(text)
+    chosen = next((code for lang, code in blocks if lang.lower() in ("python", "py", "python3")), None)
+    if chosen is None and blocks:
+        chosen = blocks[0][1]
+    return normalize_program(chosen if chosen is not None else text)
+
+
+def _source_from_json(raw: object, path: Path, line_no: int) -> MbppSource:
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: line {line_no}: expected a JSON object, got {type(raw).__name__}")
+    for key, kind in _REQUIRED_KEYS.items():
+        if not isinstance(raw.get(key), kind) or isinstance(raw.get(key), bool):
+            raise DataError(f"{path}: line {line_no}: field {key!r} is missing or not a {kind.__name__}")
+    if not all(isinstance(t, str) for t in raw["test_list"]) or not raw["test_list"]:
+        raise DataError(f"{path}: line {line_no}: field 'test_list' must be a non-empty list of strings")
+    setup = raw.get("test_setup_code", "")
+    if not isinstance(setup, str):
+        raise DataError(f"{path}: line {line_no}: field 'test_setup_code' is not a string")
+    return MbppSource(
+        task_id=raw["task_id"], text=raw["text"], code=raw["code"], test_list=tuple(raw["test_list"]),
+        test_setup_code=setup, challenge_test_list=tuple(raw.get("challenge_test_list") or ()),
+    )  # fmt: skip
+
+
+def load_sources(data_dir: Path) -> list[MbppSource]:
+    """Read data_dir/mbpp.jsonl; a missing file or a malformed line raises DataError naming the path and line."""
+    path = Path(data_dir) / DATA_FILE
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise DataError(f"{path}: MBPP data file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read MBPP data: {exc}") from exc
+    sources, seen = [], set()
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}: line {line_no}: invalid JSON: {exc.msg}") from None
+        source = _source_from_json(raw, path, line_no)
+        if source.task_id in seen:
+            raise DataError(f"{path}: line {line_no}: duplicate task_id {source.task_id}")
+        seen.add(source.task_id)
+        sources.append(source)
+    if not sources:
+        raise DataError(f"{path}: no MBPP records")
+    return sources
+
+
+def _task_text(source: MbppSource) -> str:
+    return f"{source.text.strip()}\n\nYour code should pass these tests:\n" + "\n".join(source.tests)
+
+
+def _run(source: MbppSource, program: str, limits: SandboxLimits) -> RunOutcome:
+    return run_program(program, source.tests, source.test_setup_code.replace("\r\n", "\n"), limits)
+
+
+def _failing_mutants(
+    source: MbppSource, rng: random.Random, want: int, exclude: Iterable[str] = ()
+) -> list[tuple[Mutant, RunOutcome]]:
+    """The first `want` mutants (in the seeded order) that fail their tests when run, skipping texts in `exclude`."""
+    excluded = set(exclude)
+    found = []
+    for mutant in seeded_mutants(source.reference, rng):
+        if mutant.text in excluded:
+            continue
+        outcome = _run(source, mutant.text, MUTANT_LIMITS)
+        if not outcome.passed:
+            found.append((mutant, outcome))
+            if len(found) == want:
+                break
+    return found
+
+
+def _description(program: str, outcome: RunOutcome, source: MbppSource) -> str:
+    """Sized like what it replaces in the transcript: the failed action plus its error message."""
+    return describe_failure(program, outcome, source.tests, len(format_program(program)) + len(outcome.message))
+
+
+def _build_item(source: MbppSource, seed: int) -> Item | Skipped:
+    reference = source.reference
+    check = _run(source, reference, EVAL_LIMITS)
+    if not check.passed:
+        return Skipped(ENV, str(source.task_id), f"reference solution does not pass its tests ({check.message})")
+    rng = random.Random(f"{seed}:{source.task_id}")
+    failing = _failing_mutants(source, rng, 1 + EXTRA_MUTANTS)
+    if not failing:
+        reason = "no single-edit mutant of the reference fails the tests"
+        if not seeded_mutants(reference, random.Random(0)):
+            reason = "the reference has no mutation site (no operator, comparison, integer, index or return value)"
+        return Skipped(ENV, str(source.task_id), reason)
+    (mutant, outcome), extras = failing[0], failing[1:]
+    failed_action = format_program(mutant.text)
+    return Item(
+        env=ENV,
+        item_id=f"{ENV}-{source.task_id}",
+        source_id=str(source.task_id),
+        system=SYSTEM_PROMPT,
+        task=_task_text(source),
+        failed_action=failed_action,
+        error_message=outcome.message,
+        failure_kind=mutant.kind,
+        correct_actions=(format_program(reference),),
+        candidates=(failed_action, format_program(reference), *(format_program(m.text) for m, _ in extras)),
+        description=_description(mutant.text, outcome, source),
+        meta={
+            "status": outcome.status,
+            "failing_test": outcome.failing_test,
+            "mutation": {"kind": mutant.kind, "start": mutant.start, "end": mutant.end,
+                         "original": mutant.original, "replacement": mutant.replacement},
+            "candidate_statuses": [outcome.status, "passed", *(o.status for _, o in extras)],
+        },
+    )  # fmt: skip
+
+
+def _in_order(fn: Callable[[T], R], inputs: Iterable[T], workers: int) -> Iterator[R]:
+    """fn over inputs on a small thread pool, yielded in input order; at most `workers` calls run ahead."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mbpp-build")
+    pending: deque[Future[R]] = deque()
+    it = iter(inputs)
+    try:
+        for x in it:
+            pending.append(pool.submit(fn, x))
+            if len(pending) >= workers:
+                break
+        while pending:
+            head = pending.popleft()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(pool.submit(fn, nxt))
+            yield head.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def build_items(data_dir: Path, limit: int, seed: int) -> tuple[list[Item], list[Skipped]]:
+    """The first `limit` usable tasks in a seeded shuffled order, as items; the tasks passed over, with reasons."""
+    sources = sorted(load_sources(data_dir), key=lambda s: s.task_id)
+    random.Random(f"{seed}:mbpp-order").shuffle(sources)
+    items: list[Item] = []
+    skipped: list[Skipped] = []
+    if limit <= 0:
+        return items, skipped
+    with tqdm(total=limit, desc="mbpp items", unit="item", leave=False) as bar:
+        for result in _in_order(lambda s: _build_item(s, seed), sources, WORKERS):
+            if isinstance(result, Skipped):
+                skipped.append(result)
+                log.info("skipped mbpp task %s: %s", result.source_id, result.reason)
+                continue
+            items.append(result)
+            bar.update(1)
+            if len(items) == limit:
+                break
+    log.info("built %d mbpp items (%d tasks skipped)", len(items), len(skipped))
+    return items, skipped
+
+
+def evaluate(source: MbppSource, action_text: str) -> RunOutcome:
+    """Run the program in a model's answer against the task's tests (on-policy failures)."""
+    return _run(source, extract_program(action_text), EVAL_LIMITS)
+
+
+def item_from_failure(source: MbppSource, action: str, outcome: RunOutcome, seed: int) -> Item:
+    """An item whose failed action is the model's own failing program (failure_kind "model").
+
+    The failed action is the extracted program in the canonical fenced format (the form every candidate takes);
+    the model's raw answer is kept in meta["raw_action"]. The other candidates are the reference and failing
+    mutants of it, drawn as in build_items.
+    """
+    program = extract_program(action)
+    if outcome.passed or program == source.reference:
+        raise ValueError(f"mbpp task {source.task_id}: the program passed; only failures become items")
+    failed_action = format_program(program)
+    reference = format_program(source.reference)
+    rng = random.Random(f"{seed}:{source.task_id}")
+    extras = _failing_mutants(source, rng, EXTRA_MUTANTS, exclude={program, source.reference})
+    digest = hashlib.sha1(program.encode("utf-8")).hexdigest()[:8]
+    return Item(
+        env=ENV,
+        item_id=f"{ENV}-{source.task_id}-model-{digest}",
+        source_id=str(source.task_id),
+        system=SYSTEM_PROMPT,
+        task=_task_text(source),
+        failed_action=failed_action,
+        error_message=outcome.message,
+        failure_kind="model",
+        correct_actions=(reference,),
+        candidates=(failed_action, reference, *(format_program(m.text) for m, _ in extras)),
+        description=_description(program, outcome, source),
+        meta={"status": outcome.status, "failing_test": outcome.failing_test, "raw_action": action,
+              "candidate_statuses": [outcome.status, "passed", *(o.status for _, o in extras)]},
+    )  # fmt: skip
+
+
+def context_messages(item: Item) -> list[dict]:
+    return [{"role": "system", "content": item.system}, {"role": "user", "content": item.task}]
+
+
+def record_messages(item: Item, kind: str) -> list[dict]:
+    """The chat messages that follow the context under record kind `kind` (see RECORD_KINDS)."""
+    attempt = {"role": "assistant", "content": item.failed_action}
+    failure = AFTER_PREFIX + item.error_message
+    if kind == "after":
+        return [attempt, {"role": "user", "content": failure}]
+    if kind == "success":
+        return [attempt, {"role": "user", "content": SUCCESS_MESSAGE}]
+    if kind == "neutral":
+        return [attempt, {"role": "user", "content": NEUTRAL_MESSAGE}]
+    if kind == "description":
+        return [{"role": "user", "content": item.description}]
+    if kind == "dont_repeat":
+        return [attempt, {"role": "user", "content": f"{failure}\n\n{DONT_REPEAT_INSTRUCTION}"}]
+    raise ValueError(f"unknown record kind {kind!r} (expected one of {', '.join(RECORD_KINDS)})")

@@ -1,0 +1,230 @@
+"""The MBPP environment builds items whose failed programs really fail, deterministically, as minimal text edits."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+from fastscore.errors import DataError
+from fastscore.study import mbpp_env
+from fastscore.study.items import Item, Skipped
+from fastscore.study.mbpp_env import (
+    build_items,
+    context_messages,
+    evaluate,
+    extract_program,
+    format_program,
+    item_from_failure,
+    load_sources,
+    record_messages,
+)
+from fastscore.study.mbpp_mutations import KINDS, all_mutants
+
+REAL_DATA = Path(os.environ.get("FASTSCORE_DATA_DIR", "/work/shared/data"))
+FENCED = re.compile(r"\A```python\n(?:[^\n]*[^\s\n][^\n]*\n|\n)*```\Z")
+
+TASKS = [
+    {"task_id": 11, "text": "Write a function to add one to a number.",
+     "code": "def add_one(x):  \r\n    return x + 1\r\n",
+     "test_list": ["assert add_one(1) == 2", "assert add_one(-1) == 0", "assert add_one(41) == 42"]},
+    {"task_id": 12, "text": "Write a function to count the even numbers in a list.",
+     "code": "def count_evens(xs):\n    n = 0\n    for x in xs:\n        if x % 2 == 0:\n            n += 1\n    return n",
+     "test_list": ["assert count_evens([1, 2, 4]) == 2", "assert count_evens([]) == 0", "assert count_evens([3]) == 0"]},
+    {"task_id": 13, "text": "Write a function to return the last but one element of a list.",
+     "code": "def second_last(xs):\n    i = len(xs) - 2\n    return xs[i]",
+     "test_list": ["assert second_last([1, 2, 3]) == 2", "assert second_last([5, 6]) == 5", "assert second_last('abc') == 'b'"]},
+    {"task_id": 14, "text": "Write a function to double a number.",
+     "code": "def double(x):\n    return x * 3",  # a reference that fails its own tests
+     "test_list": ["assert double(2) == 4", "assert double(0) == 0", "assert double(5) == 10"]},
+    {"task_id": 15, "text": "Write a function to return its argument.",
+     "code": "def ident(x):\n    return x",  # nothing to mutate
+     "test_list": ["assert ident(1) == 1", "assert ident('a') == 'a'", "assert ident(None) is None"]},
+]  # fmt: skip
+
+
+def write_tasks(directory: Path, tasks: list[dict]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = [{"test_setup_code": "", "challenge_test_list": [], **t} for t in tasks]
+    (directory / "mbpp.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    data_dir = write_tasks(tmp_path_factory.mktemp("mbpp"), TASKS)
+    items, skipped = build_items(data_dir, limit=10, seed=3)
+    return data_dir, items, skipped
+
+
+@pytest.fixture(scope="module")
+def real():
+    if not (REAL_DATA / "mbpp.jsonl").exists():
+        pytest.skip(f"MBPP data not found at {REAL_DATA} (set FASTSCORE_DATA_DIR)")
+    items, skipped = build_items(REAL_DATA, limit=6, seed=0)
+    sources = {str(s.task_id): s for s in load_sources(REAL_DATA)}
+    return items, skipped, sources
+
+
+def test_missing_file_raises_data_error_naming_the_path(tmp_path):
+    with pytest.raises(DataError, match=re.escape(str(tmp_path / "mbpp.jsonl"))):
+        load_sources(tmp_path)
+
+
+def test_malformed_line_raises_data_error_naming_the_line(tmp_path):
+    good = json.dumps({**TASKS[0], "test_setup_code": ""})
+    (tmp_path / "mbpp.jsonl").write_text(good + "\n{not json\n", encoding="utf-8")
+    with pytest.raises(DataError, match="line 2"):
+        load_sources(tmp_path)
+    (tmp_path / "mbpp.jsonl").write_text(good + "\n" + json.dumps({"task_id": 2, "text": "x"}) + "\n")
+    with pytest.raises(DataError, match=r"line 2: field 'code'"):
+        load_sources(tmp_path)
+
+
+def test_unusable_tasks_are_skipped_with_reasons(synthetic):
+    _, items, skipped = synthetic
+    assert sorted(i.source_id for i in items) == ["11", "12", "13"]
+    reasons = {s.source_id: s.reason for s in skipped}
+    assert set(reasons) == {"14", "15"}
+    assert "does not pass its tests" in reasons["14"]
+    assert "no mutation site" in reasons["15"]
+    assert all(isinstance(s, Skipped) and s.env == "mbpp" for s in skipped)
+
+
+def test_item_layout_and_action_format(synthetic):
+    _, items, _ = synthetic
+    for item in items:
+        assert item.env == "mbpp" and item.item_id == f"mbpp-{item.source_id}"
+        assert item.failure_kind in KINDS
+        assert item.candidates[0] == item.failed_action and item.candidates[1] == item.correct_actions[0]
+        assert len(set(item.candidates)) == len(item.candidates) <= 4
+        for candidate in item.candidates:
+            assert FENCED.match(candidate), candidate
+            assert "\r" not in candidate
+        assert "Your code should pass these tests:\nassert " in item.task
+        assert "```python" in item.system
+        assert Item.from_json(item.to_json()) == item
+    add_one = next(i for i in items if i.source_id == "11")
+    assert add_one.correct_actions == ("```python\ndef add_one(x):\n    return x + 1\n```",)
+
+
+def test_every_built_candidate_really_fails_or_passes_when_run(real):
+    items, _, sources = real
+    assert len(items) == 6
+    for item in items:
+        source = sources[item.source_id]
+        outcomes = [evaluate(source, c) for c in item.candidates]
+        assert outcomes[1].passed, (item.item_id, outcomes[1])
+        assert not any(o.passed for i, o in enumerate(outcomes) if i != 1), (item.item_id, outcomes)
+        assert outcomes[0].message == item.error_message
+        assert item.error_message.startswith(("AssertionError: assert ", "Timeout: ")) or ": " in item.error_message
+
+
+def test_mutants_differ_from_the_reference_only_at_the_mutated_span(real, synthetic):
+    items = real[0] + synthetic[1]
+    for item in items:
+        reference = extract_program(item.correct_actions[0])
+        mutant = extract_program(item.failed_action)
+        edit = item.meta["mutation"]
+        start, end = edit["start"], edit["end"]
+        assert reference[start:end] == edit["original"]
+        assert mutant == reference[:start] + edit["replacement"] + reference[end:]
+        assert edit["replacement"] != edit["original"]
+    # The same holds for every proposed mutant of real references, not only the ones that became items.
+    for source in list(real[2].values())[:60]:
+        reference = source.reference
+        for m in all_mutants(reference, random.Random(0)):
+            assert m.text == reference[: m.start] + m.replacement + reference[m.end :]
+            assert m.text != reference
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # old MBPP solutions use invalid string escapes like "\w"
+                ast.parse(m.text)
+
+
+def test_builds_are_deterministic_and_independent_of_the_other_tasks(synthetic, tmp_path):
+    data_dir, items, skipped = synthetic
+    again, skipped_again = build_items(data_dir, limit=10, seed=3)
+    assert [i.to_json() for i in again] == [i.to_json() for i in items]
+    assert skipped_again == skipped
+    alone, _ = build_items(write_tasks(tmp_path / "one", [TASKS[1]]), limit=1, seed=3)
+    assert alone[0].to_json() == next(i for i in items if i.source_id == "12").to_json()
+    other_seed, _ = build_items(data_dir, limit=10, seed=4)
+    assert {i.source_id for i in other_seed} == {i.source_id for i in items}
+    assert [i.candidates for i in other_seed] != [i.candidates for i in items]
+
+
+def test_limit_takes_a_seeded_prefix(real):
+    items, _, _ = real
+    fewer, _ = build_items(REAL_DATA, limit=3, seed=0)
+    assert [i.to_json() for i in fewer] == [i.to_json() for i in items[:3]]
+
+
+def test_description_does_not_quote_the_program(real, synthetic):
+    for item in real[0] + synthetic[1]:
+        mutant = extract_program(item.failed_action)
+        reference_lines = extract_program(item.correct_actions[0]).split("\n")
+        changed_line = next(a for a, b in zip(mutant.split("\n"), reference_lines) if a != b)
+        assert changed_line.strip() not in item.description
+        assert mutant not in item.description
+        target = len(item.failed_action) + len(item.error_message)
+        print(item.item_id, len(item.description), target)
+        assert 0.4 * target <= len(item.description) <= 2.5 * target
+
+
+def test_record_messages(synthetic):
+    item = synthetic[1][0]
+    assert context_messages(item) == [
+        {"role": "system", "content": item.system},
+        {"role": "user", "content": item.task},
+    ]
+    after = record_messages(item, "after")
+    assert after == [
+        {"role": "assistant", "content": item.failed_action},
+        {"role": "user", "content": f"Running the tests failed:\n{item.error_message}"},
+    ]
+    assert record_messages(item, "success")[1]["content"] == "All tests passed."
+    assert record_messages(item, "neutral")[1]["content"] == "Program received."
+    assert record_messages(item, "description") == [{"role": "user", "content": item.description}]
+    dont = record_messages(item, "dont_repeat")
+    assert dont[0] == after[0]
+    assert dont[1]["content"].startswith(after[1]["content"])
+    assert dont[1]["content"].endswith("Do not repeat the failed program.")
+    with pytest.raises(ValueError):
+        record_messages(item, "unknown")
+
+
+def test_extract_program_handles_fenced_raw_and_truncated_answers():
+    code = "def f(x):\n    return x"
+    assert extract_program(format_program(code)) == code
+    assert extract_program(f"Here you go:\r\n```python\r\n{code}   \r\n```\r\nDone.") == code
+    assert extract_program(f"```\n{code}\n```") == code
+    assert extract_program(f"```text\nnot this\n```\n```py\n{code}\n```") == code
+    assert extract_program(code + "\n\n") == code
+    assert extract_program(f"```python\n{code}") == code  # cut off before the closing fence
+
+
+def test_on_policy_failure_becomes_a_model_item(synthetic):
+    data_dir, _, _ = synthetic
+    source = next(s for s in load_sources(data_dir) if s.task_id == 12)
+    answer = "Sure!\n```python\ndef count_evens(xs):\n    return len(xs)\n```"
+    outcome = evaluate(source, answer)
+    assert outcome.status == "failed" and outcome.message == "AssertionError: assert count_evens([1, 2, 4]) == 2"
+    item = item_from_failure(source, answer, outcome, seed=3)
+    assert item.failure_kind == "model"
+    assert item.failed_action == format_program("def count_evens(xs):\n    return len(xs)")
+    assert item.candidates[:2] == (item.failed_action, format_program(source.code))
+    assert item.error_message == outcome.message and item.meta["raw_action"] == answer
+    assert all(not evaluate(source, c).passed for i, c in enumerate(item.candidates) if i != 1)
+    assert evaluate(source, format_program(source.code)).passed
+    with pytest.raises(ValueError):
+        item_from_failure(source, format_program(source.code), evaluate(source, source.code), seed=3)
+
+
+def test_module_exposes_the_study_env_protocol():
+    assert callable(mbpp_env.context_messages) and callable(mbpp_env.record_messages)
