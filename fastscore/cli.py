@@ -42,3 +42,205 @@ def models() -> None:
 
 
 # --- commands: each parses its options and calls one library function ---
+
+
+@main.command()
+@click.argument("requests", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--model", default=None, help="Registry name (default: the registry's default model).")
+@click.option("--backend", default="llamacpp", show_default=True, help="llamacpp, onnx or reference.")
+@click.option("--quant", default=None, help="Weights variant (default: the embedded model's shipped quant, else f32).")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output JSONL.")
+@click.option("--generate", is_flag=True, help="Also decode a greedy reply per request (honouring 'banned').")
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A local HF checkpoint folder to use instead of the hub.")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
+@click.option("--exclude-end-of-turn", is_flag=True, help="Score the continuation without the end-of-turn token.")
+@click.option("--chunk-size", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Requests per scorer call (output streams chunk by chunk).")
+@_friendly
+def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_path, threads, exclude_end_of_turn,
+          chunk_size) -> None:
+    """Score each candidate continuation of every request in REQUESTS (JSONL) and write OUT (JSONL)."""
+    from fastscore.registry import default_model
+    from fastscore.requests_io import score_file
+    from fastscore.session import default_quant, open_scorer
+
+    model = model or default_model()
+    quant = quant or default_quant(model)
+    with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads,
+                     include_end_of_turn=not exclude_end_of_turn) as scorer:
+        summary = score_file(scorer, requests, out, generate=generate, max_new_tokens=max_new_tokens,
+                             chunk_size=chunk_size)
+    click.echo(f"scored {summary.n_requests} requests ({summary.n_candidates} candidates) with {model} "
+               f"[{backend}, {quant}; {scorer.weights_note}] -> {summary.out}", err=True)
+
+
+@main.command()
+@click.option("--model", default=None, help="Registry name (default: the registry's default model).")
+@click.option("--backend", default="llamacpp", show_default=True, help="llamacpp, onnx or reference.")
+@click.option("--quant", default=None, help="Weights variant (default: the embedded model's shipped quant, else f32).")
+@click.option("--env", "envs", default="tools,mbpp", show_default=True, help="Comma-separated environments.")
+@click.option("--limit", default=None, type=click.IntRange(min=1),
+              help="Items per environment (default: sized for about ten minutes on 2 CPU cores).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--failures", default="seeded", show_default=True, type=click.Choice(["seeded", "model"]),
+              help="seeded: mutations of the ground truth; model: the model's own failed greedy attempts.")
+@click.option("--out", "out", default=Path("study-out"), show_default=True,
+              type=click.Path(file_okay=False, path_type=Path))
+@click.option("--data", "data", default=DEFAULT_DATA, show_default=True, type=click.Path(path_type=Path),
+              help="Study data folder (mbpp.jsonl, bfcl/).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run in --out (same options required).")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
+@click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
+              help="Greedy token limit for every environment (default: per environment).")
+@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
+@click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A local HF checkpoint folder to use instead of the hub.")
+@_friendly
+def study(model, backend, quant, envs, limit, seed, failures, out, data, resume, threads, max_new_tokens, n_boot,
+          hf_path) -> None:
+    """Run the corrective-gain study end to end and write its results, report and plots into --out."""
+    from fastscore.registry import default_model
+    from fastscore.session import default_quant
+    from fastscore.study.runner import DEFAULT_LIMIT, StudyConfig, headline, run_study
+
+    model = model or default_model()
+    config = StudyConfig(
+        model=model, backend=backend, quant=quant or default_quant(model),
+        envs=tuple(e.strip() for e in envs.split(",") if e.strip()), limit=limit or DEFAULT_LIMIT, seed=seed,
+        failures=failures, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot, max_new_tokens=max_new_tokens,
+        hf_path=hf_path, threads=threads,
+    )  # fmt: skip
+    outcome = run_study(config)
+    for line in headline(outcome):
+        click.echo(line)
+    click.echo(f"results in {outcome.out_dir}/ (report.md, summary.json, scores.jsonl, plots)")
+
+
+def _bench_list(value: str | None) -> tuple[str, ...] | None:
+    return None if value is None else tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+@main.command()
+@click.option("--model", default=None, help="Registry name (default: the registry's default model).")
+@click.option("--data", "data", default=DEFAULT_DATA, show_default=True, type=click.Path(path_type=Path),
+              help="Study data folder (mbpp.jsonl, bfcl/).")
+@click.option("--limit", default=3, show_default=True, type=click.IntRange(min=1), help="Items per environment.")
+@click.option("--env", "envs", default="tools,mbpp", show_default=True, help="Comma-separated environments.")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1), help="Timed runs (median).")
+@click.option("--backends", default="llamacpp,onnx", show_default=True, help="Backends to measure.")
+@click.option("--quants", default=None, help="Subset of types (f32,f16,q8_0,q4_k_m,q4_0,q4_1,fp32,int8).")
+@click.option("--skip-reference", is_flag=True, help="Skip the transformers reference (no end-to-end speedup).")
+@click.option("--best", default=None, help="llama.cpp type for end to end and greedy (default: the fastest).")
+@click.option("--pp-tokens", default=512, show_default=True, type=click.IntRange(min=2))
+@click.option("--per-request-repeats", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--reference-repeats", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--greedy-batches", default="1,8,32", show_default=True)
+@click.option("--new-tokens", default=32, show_default=True, type=click.IntRange(min=1))
+@click.option("--sgemm-n", default=2048, show_default=True, type=click.IntRange(min=16))
+@click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the JSON figures to this file.")
+@_friendly
+def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_reference, best, pp_tokens,
+          per_request_repeats, reference_repeats, greedy_batches, new_tokens, sgemm_n, json_out) -> None:
+    """Benchmark every backend side by side on the same study requests: a table, then one JSON line."""
+    import os
+
+    from fastscore.bench.run import BenchOptions, run_bench
+    from fastscore.bench.table import json_line, render
+    from fastscore.registry import default_model
+
+    opts = BenchOptions(
+        model=model or default_model(), data_dir=data, items_per_env=limit, envs=_bench_list(envs),
+        threads=threads or os.cpu_count() or 1, repeats=repeats, backends=_bench_list(backends), quants=_bench_list(quants),
+        skip_reference=skip_reference, best=best, pp_tokens=pp_tokens, per_request_repeats=per_request_repeats,
+        reference_repeats=reference_repeats, greedy_batches=tuple(int(b) for b in _bench_list(greedy_batches)),
+        new_tokens=new_tokens, sgemm_n=sgemm_n,
+    )  # fmt: skip
+    summary = run_bench(opts)
+    click.echo(render(summary))
+    line = json_line(summary)
+    click.echo(line)
+    if json_out is not None:
+        json_out.write_text(line + "\n", encoding="utf-8")
+
+
+@main.command("quant-check")
+@click.option("--model", default=None, help="Registry name (default: the registry's default model).")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1), help="Items per environment.")
+@click.option("--env", "envs", default="tools,mbpp", show_default=True, help="Comma-separated environments.")
+@click.option("--variants", default=None,
+              help="backend:quant list compared with the reference (default: llamacpp f32 f16 q8_0 q6_k q5_k_m "
+                   "q4_k_m q4_0 q4_1, onnx fp32 int8).")
+@click.option("--out", "out", default=Path("quant-out"), show_default=True,
+              type=click.Path(file_okay=False, path_type=Path))
+@click.option("--data", "data", default=DEFAULT_DATA, show_default=True, type=click.Path(path_type=Path),
+              help="Study data folder (mbpp.jsonl, bfcl/).")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
+@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
+@_friendly
+def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot) -> None:
+    """Score the same study items under every quantised variant and compare each with the fp32 reference."""
+    from fastscore.quantcheck import DEFAULT_VARIANTS, QuantCheckConfig, parse_variants, run_quant_check
+    from fastscore.registry import default_model
+
+    config = QuantCheckConfig(
+        model=model or default_model(), out_dir=out, data_dir=data, envs=_bench_list(envs), limit=limit,
+        variants=parse_variants(variants) if variants else DEFAULT_VARIANTS, seed=seed, threads=threads,
+        n_boot=n_boot, command="fastscore " + " ".join(sys.argv[1:]),
+    )  # fmt: skip
+    summary = run_quant_check(config)
+    for label, groups in summary["variants"].items():
+        click.echo(f"{label}: " + "; ".join(f"{g}: {c['sign_of_mean']}" for g, c in groups.items()))
+    click.echo(f"results in {out}/ (quant.md, quant.json, plots)")
+
+
+def _csv(value: str) -> list[str]:
+    return [part.strip().lower() for part in value.split(",") if part.strip()]
+
+
+@models.command("list")
+@_friendly
+def models_list() -> None:
+    """The registry's models, and which of their variants are present locally."""
+    from fastscore.registry import all_models, default_model
+    from fastscore.resolve import local_variants
+
+    headers = ("name", "family", "params", "hub id", "embedded", "local variants")
+    rows = [
+        (
+            entry.name + (" (default)" if entry.name == default_model() else ""),
+            entry.family,
+            f"{entry.params / 1e9:.1f}B" if entry.params >= 1e9 else f"{entry.params / 1e6:.0f}M",
+            entry.hub_id,
+            f"yes ({entry.embedded.quant})" if entry.embedded else "no",
+            ", ".join(local_variants(entry.name)) or "-",
+        )
+        for entry in all_models()
+    ]
+    widths = [max(len(str(row[i])) for row in (headers, *rows)) for i in range(len(headers))]
+    for row in (headers, *rows):
+        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+
+
+@main.command()
+@click.argument("model")
+@click.option("--gguf", default="", help="Comma-separated GGUF types: f32,f16,q8_0,q6_k,q5_k_m,q4_k_m,q4_0,q4_1.")
+@click.option("--onnx", default="", help="Comma-separated ONNX types: fp32,int8.")
+@click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A local HF checkpoint folder to convert instead of fetching the hub.")
+@_friendly
+def convert(model, gguf, onnx, hf_path) -> None:
+    """Build MODEL's fp32 HF reference and the requested variants; print each read-back check."""
+    import time
+
+    from fastscore.conversion.pipeline import convert as convert_variants
+
+    started = time.perf_counter()
+    results = convert_variants(model, gguf=_csv(gguf), onnx=_csv(onnx), hf_path=hf_path)
+    for result in results:
+        click.echo(result.line())
+    click.echo(f"{len(results)} variants ready in {time.perf_counter() - started:.1f} s")

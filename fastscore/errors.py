@@ -82,3 +82,15 @@ class DataError(FastscoreError):
     """Missing or malformed study data files."""
 
     exit_code = 7
+
+
+class ResumeConfigError(FastscoreError):
+    """`--resume` was asked for an output folder written with a different configuration."""
+
+    exit_code = 8
+
+
+class BenchmarkError(FastscoreError):
+    """A benchmark worker process failed; the message carries its error."""
+
+    exit_code = 9

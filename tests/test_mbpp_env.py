@@ -27,7 +27,7 @@ from fastscore.study.mbpp_env import (
 )
 from fastscore.study.mbpp_mutations import KINDS, all_mutants
 
-REAL_DATA = Path(os.environ.get("FASTSCORE_DATA_DIR", "/work/shared/data"))
+REAL_DATA = Path(os.environ.get("FASTSCORE_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 FENCED = re.compile(r"\A```python\n(?:[^\n]*[^\s\n][^\n]*\n|\n)*```\Z")
 
 TASKS = [
