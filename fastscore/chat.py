@@ -1,0 +1,168 @@
+"""Render a model's own chat template (Jinja, as transformers does) and locate the continuation in the text.
+
+No transformers import: the environment mirrors transformers' `_compile_jinja_template` (sandboxed, trim_blocks,
+lstrip_blocks, loop controls, a no-op `{% generation %}` block) and the helpers it gives templates (raise_exception,
+tojson, strftime_now, bos_token/eos_token and the other special-token variables).
+
+The continuation's span is found by character offsets in one rendering of the whole conversation: the assistant turn
+is rendered with a unique placeholder as its content, which is then replaced by the continuation verbatim. Templates
+are not prefix-stable (a past assistant turn may render differently from the live one, e.g. Qwen3 strips <think>),
+so nothing here assumes two renderings share text; sharing between contexts is found on token ids by the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from fastscore.deps import require
+from fastscore.errors import RequestError, TokenizationError
+from fastscore.records import Message
+
+log = logging.getLogger(__name__)
+
+ALLOWED_ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class RenderedConversation:
+    """A conversation rendered to text; `text[start:end]` is the continuation (the live assistant turn's content)."""
+
+    text: str
+    start: int
+    end: int
+
+    @property
+    def continuation(self) -> str:
+        return self.text[self.start : self.end]
+
+
+def check_messages(messages: Sequence[Message], request_id: object = None) -> None:
+    for message in messages:
+        if message.role not in ALLOWED_ROLES:
+            raise RequestError(
+                f"unknown role {message.role!r}; allowed roles: {', '.join(ALLOWED_ROLES)}", request_id=request_id
+            )
+        if not isinstance(message.content, str):
+            raise RequestError(f"message content must be a string, not {type(message.content).__name__}",
+                               request_id=request_id)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # transformers' tojson: unlike Jinja's built-in one it does not HTML-escape, so JSON in prompts stays readable.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def compile_template(source: str):
+    jinja2 = require("jinja2", "tokenizer")
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(Extension):
+        """`{% generation %}...{% endgeneration %}` marks assistant text for masks in transformers; renders as-is."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, "jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.exceptions.TemplateSyntaxError as exc:
+        raise TokenizationError(f"the chat template does not parse: {exc}") from exc
+
+
+def render(
+    template: str,
+    messages: Sequence[Message | Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    special_tokens: Mapping[str, str | None] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    request_id: object = None,
+) -> str:
+    """The template's text for `messages`; `special_tokens` gives bos_token, eos_token, ... as template variables."""
+    jinja2 = require("jinja2", "tokenizer")
+    as_dicts = [m if isinstance(m, Mapping) else {"role": m.role, "content": m.content} for m in messages]
+    variables = {**(template_kwargs or {}), **(special_tokens or {})}
+    try:
+        return compile_template(template).render(
+            messages=as_dicts, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **variables
+        )
+    except jinja2.exceptions.TemplateError as exc:
+        raise RequestError(f"the chat template rejected the conversation: {exc}", request_id=request_id) from exc
+
+
+def render_with_continuation(
+    template: str,
+    messages: Sequence[Message],
+    continuation: str,
+    *,
+    special_tokens: Mapping[str, str | None] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    request_id: object = None,
+) -> RenderedConversation:
+    """Render messages + the continuation as the assistant's reply once, and locate the continuation.
+
+    The continuation is inserted verbatim: content transformations a template applies (strip, trim) act on the
+    placeholder only, so the scored text is exactly the given continuation.
+    """
+    placeholder = f"\ue000fastscore-{uuid.uuid4().hex}\ue001"
+    probe = [*messages, Message("assistant", placeholder)]
+    text = render(
+        template,
+        probe,
+        add_generation_prompt=False,
+        special_tokens=special_tokens,
+        template_kwargs=template_kwargs,
+        request_id=request_id,
+    )
+    count = text.count(placeholder)
+    if count != 1:
+        raise TokenizationError(
+            f"the chat template rendered the assistant content {count} times (expected once): "
+            "cannot locate the continuation"
+        )
+    start = text.index(placeholder)
+    full = text[:start] + continuation + text[start + len(placeholder) :]
+    return RenderedConversation(full, start, start + len(continuation))
+
+
+def text_after_assistant_content(
+    template: str,
+    *,
+    special_tokens: Mapping[str, str | None] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """What the template writes right after an assistant reply (it starts with the end-of-turn token)."""
+    rendered = render_with_continuation(
+        template,
+        (Message("user", "Hi"),),
+        "Hello",
+        special_tokens=special_tokens,
+        template_kwargs=template_kwargs,
+    )
+    return rendered.text[rendered.end :]

@@ -1,0 +1,157 @@
+"""Batched greedy decoding over a backend `Decoder`, with banned completions enforced on text.
+
+Many contexts advance together: one `Decoder.step` call per generated position for every still-active sequence.
+
+Banned strings are banned as TEXT, whatever tokens spell them. A completion is complete when the end-of-turn
+token is emitted or the token limit is hit, so at each step the ban blocks exactly the tokens that would complete a
+banned text:
+- the stop tokens, whenever the text decoded so far equals a banned string;
+- at the step that reaches the limit, also every token whose bytes appended to the text make it equal a banned string.
+Texts are compared as UTF-8 bytes after stripping surrounding ASCII whitespace. The probability mass the ban removed
+(softmax mass of the blocked tokens, summed over steps) and the number of steps at which it blocked anything are
+reported, so a caller can see how much the ban distorted the model's choice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from fastscore.backends.base import Decoder
+
+log = logging.getLogger(__name__)
+
+END_OF_TURN = "end_of_turn"
+MAX_TOKENS = "max_tokens"
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One greedy completion: its token ids (stop token excluded) and how the ban acted on it."""
+
+    token_ids: tuple[int, ...]
+    stopped_by: str  # END_OF_TURN or MAX_TOKENS
+    banned_mass: float
+    banned_steps: int
+
+
+class TextBan:
+    """Which token ids would complete one of a set of banned texts, given the bytes generated so far."""
+
+    def __init__(self, token_bytes: Sequence[bytes], stop_ids: Iterable[int], n_vocab: int) -> None:
+        self.stop_ids = np.array(sorted(stop_ids), dtype=np.int64)
+        stops = set(self.stop_ids.tolist())
+        self._by_strip: dict[bytes, list[int]] = defaultdict(list)
+        self._by_rstrip: dict[bytes, list[int]] = defaultdict(list)
+        blank = []
+        for token_id in range(n_vocab):
+            if token_id in stops:
+                continue
+            piece = token_bytes[token_id] if token_id < len(token_bytes) else b""
+            stripped = piece.strip()
+            if stripped:
+                self._by_strip[stripped].append(token_id)
+                self._by_rstrip[piece.rstrip()].append(token_id)
+            else:
+                blank.append(token_id)
+        self._blank = np.array(blank, dtype=np.int64)  # whitespace-only tokens: they leave the stripped text as is
+
+    def blocked(self, text: bytes, banned: frozenset[bytes], final_step: bool) -> np.ndarray:
+        """Token ids to block after `text`; `banned` holds stripped banned texts; `final_step`: this token is the last.
+
+        Not at the final step, only a stop token can complete the text. At the final step any token does.
+        """
+        if not banned:
+            return self.stop_ids[:0]
+        matches_now = text.strip() in banned
+        parts = [self.stop_ids] if matches_now else []
+        if final_step:
+            if matches_now:
+                parts.append(self._blank)
+            head = text.lstrip()
+            for key in banned:
+                if not head:  # only whitespace so far: the token alone must spell the banned text
+                    parts.append(np.array(self._by_strip.get(key, ()), dtype=np.int64))
+                elif len(key) > len(head) and key.startswith(head):
+                    parts.append(np.array(self._by_rstrip.get(key[len(head) :], ()), dtype=np.int64))
+        if not parts:
+            return self.stop_ids[:0]
+        return np.unique(np.concatenate(parts))
+
+
+@lru_cache(maxsize=4)
+def text_ban(token_bytes: tuple[bytes, ...], stop_ids: frozenset[int], n_vocab: int) -> TextBan:
+    """The ban index of a vocabulary, built once per tokenizer (a pass over every token)."""
+    return TextBan(token_bytes, stop_ids, n_vocab)
+
+
+def _softmax_mass(logits: np.ndarray, ids: np.ndarray) -> float:
+    row = logits.astype(np.float64)
+    row = np.exp(row - row.max())
+    return float(row[ids].sum() / row.sum())
+
+
+def greedy_decode(
+    decoder: Decoder,
+    contexts: Sequence[Sequence[int]],
+    *,
+    token_bytes: Sequence[bytes],
+    stop_ids: Iterable[int],
+    max_new_tokens: int,
+    banned: Sequence[Iterable[str]] | None = None,
+) -> list[Decoded]:
+    """Greedy completions of all `contexts` at once, each until a stop token or `max_new_tokens` tokens.
+
+    `banned[i]` lists texts completion i may never equal. The decoder is closed when done.
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
+    n = len(contexts)
+    if n == 0:
+        return []
+    stop_set = set(int(i) for i in stop_ids)
+    banned_keys = [
+        frozenset(text.encode().strip() for text in (banned[i] if banned else ())) for i in range(n)
+    ]
+    generated: list[list[int]] = [[] for _ in range(n)]
+    texts = [b""] * n
+    mass = [0.0] * n
+    steps_banned = [0] * n
+    stopped = [MAX_TOKENS] * n
+    with decoder:
+        logits = np.asarray(decoder.start([list(c) for c in contexts]))
+        ban = text_ban(tuple(token_bytes), frozenset(stop_set), logits.shape[1]) if any(banned_keys) else None
+        active = list(range(n))
+        for step in range(1, max_new_tokens + 1):
+            final = step == max_new_tokens
+            if ban is not None:  # blocked entries are overwritten: never write into the decoder's buffer
+                logits = np.array(logits, dtype=np.float32, copy=True)
+            for row, seq in enumerate(active):
+                if ban is None or not banned_keys[seq]:
+                    continue
+                blocked = ban.blocked(texts[seq], banned_keys[seq], final)
+                if blocked.size:
+                    mass[seq] += _softmax_mass(logits[row], blocked)
+                    steps_banned[seq] += 1
+                    logits[row, blocked] = -np.inf
+            chosen = logits.argmax(axis=1)
+            still_active, next_tokens = [], []
+            for seq, token in zip(active, chosen.tolist()):
+                if token in stop_set:
+                    stopped[seq] = END_OF_TURN
+                    continue
+                generated[seq].append(token)
+                texts[seq] += token_bytes[token] if token < len(token_bytes) else b""
+                if not final:
+                    still_active.append(seq)
+                    next_tokens.append(token)
+            active = still_active
+            if not active:
+                break
+            logits = decoder.step(active, next_tokens)
+    return [Decoded(tuple(generated[i]), stopped[i], mass[i], steps_banned[i]) for i in range(n)]

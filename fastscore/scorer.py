@@ -1,0 +1,282 @@
+"""Text-level scoring on top of a token-level backend.
+
+A request is (messages, continuation): the messages are rendered with the model's own chat template, the
+continuation is the assistant's reply. The scored tokens are the continuation's tokens plus the template's
+end-of-turn token right after it ("<|im_end|>" for ChatML, "<|eot_id|>" for Llama 3), so a score is the
+probability of the reply *and of ending the turn there*; `include_end_of_turn=False` scores the reply alone.
+
+Each full conversation is rendered once and tokenized once (one tokenizer for every backend); the continuation's
+tokens are those whose characters overlap its character span. A token that crosses the context/continuation
+boundary (BPE merged characters from both sides) is scored as part of the continuation and counted in
+`ScoreResult.boundary_straddles`. Many requests go to the backend per call, so its prefix trie shares the
+common context of all candidates of many contexts at once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fastscore import chat
+from fastscore.backends.base import Backend
+from fastscore.decode import greedy_decode
+from fastscore.errors import ContextTooLongError, FastscoreError, RequestError, TokenizationError
+from fastscore.records import (
+    CandidateSet,
+    CandidateSetResult,
+    GreedyRequest,
+    GreedyResult,
+    ScoreRequest,
+    ScoreResult,
+    TokenRequest,
+)
+from fastscore.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedRequest:
+    """A request as token ids: `token_request.tokens[score_from:]` are the scored tokens."""
+
+    request: ScoreRequest
+    token_request: TokenRequest
+    boundary_straddles: int
+    includes_end_of_turn: bool
+
+
+def set_probabilities(logprobs: Sequence[float]) -> tuple[float, ...]:
+    """Softmax over a candidate set: each candidate's share of the set's total probability."""
+    x = np.asarray(logprobs, dtype=np.float64)
+    shifted = np.exp(x - x.max())
+    return tuple(float(p) for p in shifted / shifted.sum())
+
+
+class Scorer:
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: Tokenizer,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        include_end_of_turn: bool = True,
+        max_batch_tokens: int = 65_536,
+        max_decode_batch: int = 32,
+        weights_note: str = "",
+    ) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.include_end_of_turn = include_end_of_turn
+        self.max_batch_tokens = max_batch_tokens
+        self.max_decode_batch = max_decode_batch
+        self._weights_note = weights_note
+        self._template = tokenizer.require_chat_template()
+
+    @property
+    def weights_note(self) -> str:
+        """Which weights produced the scores (e.g. a quantisation caveat), from the resolved artefact."""
+        return self._weights_note or f"{self.backend.name} {self.backend.path.name}"
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> "Scorer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # --- tokens with exactly the BOS the model expects ---
+
+    def _with_bos(self, ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, request_id: object):
+        bos = self.tokenizer.bos_id
+        if bos is None:
+            return ids, starts, ends
+        leading = 0
+        while leading < len(ids) and ids[leading] == bos:
+            leading += 1
+        if leading > 1:
+            # The template wrote bos_token and it was written again: the model saw one BOS in training.
+            log.warning("request %r: %d BOS tokens at the start, keeping one", request_id, leading)
+            keep = slice(leading - 1, None)
+            return ids[keep], starts[keep], ends[keep]
+        if leading == 0 and self.tokenizer.add_bos:
+            zero = np.zeros(1, dtype=np.int64)
+            return np.concatenate([[bos], ids]), np.concatenate([zero, starts]), np.concatenate([zero, ends])
+        return ids, starts, ends
+
+    def context_ids(self, messages, request_id: object = None) -> list[int]:
+        """Token ids of the messages rendered with a generation prompt (the context greedy decoding continues)."""
+        chat.check_messages(messages, request_id)
+        text = chat.render(
+            self._template,
+            messages,
+            add_generation_prompt=True,
+            special_tokens=self.tokenizer.special_token_variables,
+            template_kwargs=self.chat_template_kwargs,
+            request_id=request_id,
+        )
+        enc = self.tokenizer.encode(text)
+        ids, _, _ = self._with_bos(enc.ids, enc.starts, enc.ends, request_id)
+        return [int(i) for i in ids]
+
+    def prepare(self, request: ScoreRequest) -> PreparedRequest:
+        """Render, tokenize and locate the scored tokens of one request (no model call)."""
+        rid = request.id
+        if not request.continuation:
+            raise RequestError("empty continuation: there is nothing to score", request_id=rid)
+        chat.check_messages(request.messages, rid)
+        rendered = chat.render_with_continuation(
+            self._template,
+            request.messages,
+            request.continuation,
+            special_tokens=self.tokenizer.special_token_variables,
+            template_kwargs=self.chat_template_kwargs,
+            request_id=rid,
+        )
+        enc = self.tokenizer.encode(rendered.text)
+        ids, starts, ends = self._with_bos(enc.ids, enc.starts, enc.ends, rid)
+        lo, hi = rendered.start, rendered.end
+        overlaps = ((starts < hi) & (ends > lo)) | ((starts == ends) & (starts > lo) & (starts < hi))
+        inside = np.flatnonzero(overlaps)
+        if inside.size == 0:
+            raise TokenizationError(f"request {rid!r}: no token covers the continuation")
+        first, last = int(inside[0]), int(inside[-1])
+        if first == 0:
+            raise TokenizationError(f"request {rid!r}: the rendered conversation has no token before the continuation")
+        # Boundaries crossed: the first scored token may start in the context, the last may run into the template.
+        straddles = int(starts[first] < lo) + int(ends[last] > hi)
+        end = last + 1
+        if self.include_end_of_turn:
+            eot = self.tokenizer.end_of_turn_id
+            if end >= len(ids) or int(ids[end]) != eot:
+                found = self.tokenizer.decode(ids[end : end + 1]) if end < len(ids) else "end of text"
+                raise TokenizationError(
+                    f"request {rid!r}: expected the end-of-turn token {self.tokenizer.decode([eot])!r} right after "
+                    f"the continuation, found {found!r}"
+                )
+            end += 1
+        if end > self.backend.n_ctx:
+            raise ContextTooLongError(
+                f"the conversation is {end} tokens ({first} of context + {end - first} scored), "
+                f"longer than the backend's context of {self.backend.n_ctx} tokens",
+                request_id=rid,
+            )
+        token_request = TokenRequest(tokens=tuple(int(i) for i in ids[:end]), score_from=first)
+        return PreparedRequest(request, token_request, straddles, self.include_end_of_turn)
+
+    # --- scoring ---
+
+    def _batches(self, prepared: Sequence[PreparedRequest]) -> Iterable[list[PreparedRequest]]:
+        batch, size = [], 0
+        for item in prepared:
+            n = len(item.token_request.tokens)
+            if batch and size + n > self.max_batch_tokens:
+                yield batch
+                batch, size = [], 0
+            batch.append(item)
+            size += n
+        if batch:
+            yield batch
+
+    def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Log-prob of each request's continuation (+ end-of-turn), in request order."""
+        prepared = [self.prepare(request) for request in requests]  # every input error surfaces before compute
+        results: list[ScoreResult] = []
+        for batch in self._batches(prepared):
+            scores = self.backend.score_tokens([item.token_request for item in batch])
+            for item, token_scores in zip(batch, scores, strict=True):
+                results.append(self._result(item, token_scores))
+        return results
+
+    def _result(self, item: PreparedRequest, token_scores) -> ScoreResult:
+        tr = item.token_request
+        logprobs = np.asarray(token_scores.logprobs, dtype=np.float64)
+        if logprobs.shape != (tr.n_scored,) or not np.all(np.isfinite(logprobs)):
+            raise FastscoreError(
+                f"request {item.request.id!r}: backend {self.backend.name!r} returned invalid log-probs "
+                f"(shape {logprobs.shape}, expected ({tr.n_scored},); finite: {bool(np.all(np.isfinite(logprobs)))})"
+            )
+        return ScoreResult(
+            request_id=item.request.id,
+            continuation=item.request.continuation,
+            logprob=float(logprobs.sum()),
+            n_tokens=tr.n_scored,
+            token_ids=tr.tokens[tr.score_from :],
+            token_logprobs=tuple(float(x) for x in logprobs),
+            token_is_argmax=tuple(bool(x) for x in np.asarray(token_scores.is_argmax)),
+            boundary_straddles=item.boundary_straddles,
+            includes_end_of_turn=item.includes_end_of_turn,
+        )
+
+    def score_candidates(self, sets: Sequence[CandidateSet]) -> list[CandidateSetResult]:
+        """Score every candidate of every set in shared backend calls; normalise probabilities within each set."""
+        flat = []
+        for candidate_set in sets:
+            if not candidate_set.candidates:
+                raise RequestError("empty candidate list", request_id=candidate_set.id)
+            flat.extend(ScoreRequest(candidate_set.id, candidate_set.messages, c) for c in candidate_set.candidates)
+        results = iter(self.score(flat))
+        out = []
+        for candidate_set in sets:
+            group = tuple(next(results) for _ in candidate_set.candidates)
+            out.append(
+                CandidateSetResult(
+                    id=candidate_set.id,
+                    results=group,
+                    probs=set_probabilities([r.logprob for r in group]),
+                    probs_per_token=set_probabilities([r.logprob_per_token for r in group]),
+                )
+            )
+        return out
+
+    # --- greedy decoding ---
+
+    def _open_decoder(self, max_new_tokens: int):
+        # Backends whose KV cache is sized up front take the number of tokens to reserve per sequence.
+        if "max_new_tokens" in inspect.signature(self.backend.decoder).parameters:
+            return self.backend.decoder(max_new_tokens=max_new_tokens)
+        return self.backend.decoder()
+
+    def greedy(self, requests: Sequence[GreedyRequest], max_new_tokens: int = 128) -> list[GreedyResult]:
+        """Greedy completion of each context (rendered with a generation prompt), never equal to its banned texts."""
+        if max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
+        contexts = []
+        for request in requests:
+            ids = self.context_ids(request.messages, request.id)
+            if len(ids) + max_new_tokens > self.backend.n_ctx:
+                raise ContextTooLongError(
+                    f"the context is {len(ids)} tokens; with {max_new_tokens} new tokens that is longer than the "
+                    f"backend's context of {self.backend.n_ctx} tokens",
+                    request_id=request.id,
+                )
+            contexts.append(ids)
+        results: list[GreedyResult] = []
+        for lo in range(0, len(requests), self.max_decode_batch):
+            chunk = requests[lo : lo + self.max_decode_batch]
+            decoded = greedy_decode(
+                self._open_decoder(max_new_tokens),
+                contexts[lo : lo + self.max_decode_batch],
+                token_bytes=self.tokenizer.token_bytes,
+                stop_ids=self.tokenizer.stop_ids,
+                max_new_tokens=max_new_tokens,
+                banned=[request.banned for request in chunk],
+            )
+            for request, d in zip(chunk, decoded, strict=True):
+                results.append(
+                    GreedyResult(
+                        id=request.id,
+                        text=self.tokenizer.decode(d.token_ids),
+                        token_ids=d.token_ids,
+                        stopped_by=d.stopped_by,
+                        banned_mass=d.banned_mass,
+                        banned_steps=d.banned_steps,
+                    )
+                )
+        return results

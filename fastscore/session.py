@@ -1,0 +1,53 @@
+"""Open a ready Scorer by model name: resolve the artefact, load the backend, load the shared tokenizer."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from fastscore import backends, registry
+from fastscore.scorer import Scorer
+from fastscore.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BACKEND = "llamacpp"
+
+
+def default_quant(model: str, backend: str = DEFAULT_BACKEND) -> str:
+    """The embedded model's shipped quantisation on llamacpp (no conversion needed), else full precision."""
+    entries = {e.name: e for e in registry.all_models()} | {e.hub_id: e for e in registry.all_models()}
+    entry = entries.get(model)
+    if backend == "llamacpp" and entry is not None and entry.embedded is not None:
+        return entry.embedded.quant
+    return "f32" if backend == "llamacpp" else "fp32"
+
+
+def open_scorer(
+    model: str,
+    backend: str,
+    quant: str,
+    *,
+    hf_path: Path | None = None,
+    n_threads: int | None = None,
+    progress: bool = True,
+    **opts,
+) -> Scorer:
+    """A Scorer for `model` on `backend` at `quant`; `opts` go to Scorer (include_end_of_turn, max_batch_tokens...)."""
+    from fastscore.resolve import resolve
+
+    artefact = resolve(model, backend, quant, hf_path=hf_path, progress=progress)
+    tokenizer = Tokenizer.from_folder(artefact.tokenizer_dir)
+    engine = backends.load(backend, artefact.path, n_threads=n_threads)
+    log.info("opened %s on %s (%s): %s", model, backend, quant, artefact.weights_note)
+    try:
+        return Scorer(
+            engine,
+            tokenizer,
+            chat_template_kwargs=artefact.chat_template_kwargs,
+            weights_note=artefact.weights_note,
+            **opts,
+        )
+    except BaseException:
+        engine.close()
+        raise

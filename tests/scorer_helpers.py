@@ -1,0 +1,83 @@
+"""Shared by the scorer tests: a counting fake backend over the real SmolLM2 vocabulary, tokenizer folders with
+crafted templates/configs, and a scripted Decoder for banned-string tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fake_backend import FakeBackend
+
+from fastscore.backends.base import Decoder
+from fastscore.scorer import Scorer
+from fastscore.tokenizer import Tokenizer
+
+SMOLLM_VOCAB = 49152
+
+
+class CountingFakeBackend(FakeBackend):
+    """The instrumented fake, also counting score_tokens calls and the requests in each."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**{"n_vocab": SMOLLM_VOCAB, "n_ctx": 512, "n_seq_max": 8, **kwargs})
+        self.calls: list[int] = []
+
+    def score_tokens(self, requests):
+        self.calls.append(len(requests))
+        return super().score_tokens(requests)
+
+
+def copy_tokenizer(src: Path, dst: Path, *, template: str | None = None, config: Mapping | None = None) -> Path:
+    """A copy of a tokenizer folder, optionally with chat_template.jinja and config overrides."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, dst / name)
+    if config:
+        merged = {**json.loads((src / "tokenizer_config.json").read_text()), **config}
+        (dst / "tokenizer_config.json").write_text(json.dumps(merged))
+    if template is not None:
+        (dst / "chat_template.jinja").write_text(template)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer(smollm_tokenizer_dir) -> Tokenizer:
+    return Tokenizer.from_folder(smollm_tokenizer_dir)
+
+
+@pytest.fixture
+def fake_scorer(smollm_tokenizer) -> Scorer:
+    return Scorer(CountingFakeBackend(), smollm_tokenizer)
+
+
+class ScriptedDecoder(Decoder):
+    """Logits keyed on the tokens generated so far: script[generated] lists preferred tokens, best first.
+
+    Unscripted tokens share a low logit, so blocking the preferred ones moves the choice down the list.
+    """
+
+    def __init__(self, n_vocab: int, script: Mapping[tuple[int, ...], Sequence[int]], fallback: int) -> None:
+        self.n_vocab, self.script, self.fallback = n_vocab, dict(script), fallback
+        self.generated: list[list[int]] = []
+        self.steps = 0
+
+    def _row(self, generated: Sequence[int]) -> np.ndarray:
+        row = np.full(self.n_vocab, -5.0, dtype=np.float32)
+        row[self.fallback] = -1.0  # what the model says off-script
+        for rank, token in enumerate(self.script.get(tuple(generated), ())):
+            row[token] = 10.0 - rank
+        return row
+
+    def start(self, contexts):
+        self.generated = [[] for _ in contexts]
+        return np.stack([self._row(g) for g in self.generated])
+
+    def step(self, active, tokens):
+        self.steps += 1
+        for seq, token in zip(active, tokens, strict=True):
+            self.generated[seq].append(int(token))
+        return np.stack([self._row(self.generated[seq]) for seq in active])

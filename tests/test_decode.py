@@ -1,0 +1,140 @@
+"""Batched greedy decoding and banned completions (banned as text, whatever tokens spell them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scorer_helpers import CountingFakeBackend, ScriptedDecoder, smollm_tokenizer  # noqa: F401
+
+from fastscore.decode import END_OF_TURN, MAX_TOKENS, greedy_decode
+from fastscore.records import GreedyRequest, Message
+from fastscore.scorer import Scorer
+
+CONTEXTS = [(Message("user", "Write a haiku."),), (Message("user", "Name a colour."),), (Message("user", "Hi"),)]
+
+
+def _id(tok, piece: str) -> int:
+    token_id = tok._tok.token_to_id(piece)
+    assert token_id is not None, piece
+    return token_id
+
+
+def _decode(tok, script, banned, max_new_tokens=8, n_contexts=1):
+    decoder = ScriptedDecoder(tok.vocab_size, script, fallback=_id(tok, "."))
+    return greedy_decode(
+        decoder, [[1]] * n_contexts, token_bytes=tok.token_bytes, stop_ids=tok.stop_ids,
+        max_new_tokens=max_new_tokens, banned=banned,
+    )
+
+
+def _text(tok, decoded) -> str:
+    return tok.decode(decoded.token_ids)
+
+
+def test_greedy_equals_sequential_argmax_and_is_batch_independent(smollm_tokenizer):
+    scorer = Scorer(CountingFakeBackend(), smollm_tokenizer)
+    requests = [GreedyRequest(f"g{i}", messages) for i, messages in enumerate(CONTEXTS)]
+    together = scorer.greedy(requests, max_new_tokens=6)
+    alone = [scorer.greedy([r], max_new_tokens=6)[0] for r in requests]
+    model = scorer.backend.model
+    for request, result in zip(requests, together):
+        ids = scorer.context_ids(request.messages)
+        expected = []
+        for _ in range(6):
+            token = int(model.reference_logits(ids + expected)[-1].argmax())
+            if token in smollm_tokenizer.stop_ids:
+                break
+            expected.append(token)
+        assert list(result.token_ids) == expected
+        assert result.text == smollm_tokenizer.decode(expected)
+        assert result.stopped_by == (MAX_TOKENS if len(expected) == 6 else END_OF_TURN)
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+
+
+def test_banning_the_unconstrained_output_changes_it(smollm_tokenizer):
+    scorer = Scorer(CountingFakeBackend(), smollm_tokenizer)
+    free = scorer.greedy([GreedyRequest("g", CONTEXTS[0])], max_new_tokens=4)[0]
+    assert free.banned_mass == 0.0 and free.banned_steps == 0
+    banned = scorer.greedy([GreedyRequest("g", CONTEXTS[0], banned=(free.text,))], max_new_tokens=4)[0]
+    print(repr(free.text), "->", repr(banned.text), banned.banned_mass, banned.banned_steps)
+    assert banned.text.strip() != free.text.strip()
+    assert banned.token_ids[:3] == free.token_ids[:3]  # only the token completing the banned text was blocked
+    # The removed mass is at least the probability the model gave the token it chose unconstrained.
+    ids = scorer.context_ids(CONTEXTS[0]) + list(free.token_ids[:3])
+    logits = scorer.backend.model.reference_logits(ids)[-1].astype(np.float64)
+    p_free = np.exp(logits - logits.max())
+    p_free = p_free[free.token_ids[3]] / p_free.sum()
+    print("mass removed", banned.banned_mass, "p(unconstrained choice)", p_free)
+    assert banned.banned_mass >= p_free * (1 - 1e-4) and banned.banned_mass > 0  # float32 logits
+    assert banned.banned_steps == 1
+
+
+def test_end_of_turn_is_blocked_when_the_text_equals_a_banned_string(smollm_tokenizer):
+    tok = smollm_tokenizer
+    hello, world, bang, eot = _id(tok, "Hello"), _id(tok, "Ġworld"), _id(tok, "!"), tok.end_of_turn_id
+    script = {(): [hello], (hello,): [world], (hello, world): [eot, bang], (hello, world, bang): [eot]}
+    [free] = _decode(tok, script, None)
+    assert (_text(tok, free), free.stopped_by) == ("Hello world", END_OF_TURN)
+    [out] = _decode(tok, script, [["  Hello world \n"]])  # compared after stripping surrounding whitespace
+    assert (_text(tok, out), out.stopped_by, out.banned_steps) == ("Hello world!", END_OF_TURN, 1)
+    row = np.full(tok.vocab_size, -5.0)
+    row[_id(tok, ".")], row[eot], row[bang] = -1.0, 10.0, 9.0
+    expected_mass = np.exp(row[eot]) / np.exp(row).sum()
+    print("mass removed", out.banned_mass, "by hand", expected_mass)
+    assert out.banned_mass == pytest.approx(expected_mass, rel=1e-6)
+
+
+def test_the_ban_holds_under_a_different_tokenisation_of_the_same_text(smollm_tokenizer):
+    tok = smollm_tokenizer
+    hel, lo, world, bang, eot = _id(tok, "Hel"), _id(tok, "lo"), _id(tok, "Ġworld"), _id(tok, "!"), tok.end_of_turn_id
+    assert list(tok.encode("Hello world").ids) != [hel, lo, world]  # not the tokenizer's own spelling
+    script = {(): [hel], (hel,): [lo], (hel, lo): [world], (hel, lo, world): [eot, bang], (hel, lo, world, bang): [eot]}
+    [free] = _decode(tok, script, None)
+    assert _text(tok, free) == "Hello world" and free.token_ids == (hel, lo, world)
+    [out] = _decode(tok, script, [["Hello world"]])
+    print(repr(_text(tok, out)), out.banned_mass, out.banned_steps)
+    assert _text(tok, out) == "Hello world!" and out.banned_mass > 0 and out.banned_steps == 1
+
+
+@pytest.mark.parametrize("last", ["Ġworld", "Ġ"])
+def test_at_the_token_limit_any_token_completing_a_banned_text_is_blocked(smollm_tokenizer, last):
+    """With 3 tokens allowed the third completes the reply: it may not make the text equal the banned one."""
+    tok = smollm_tokenizer
+    hel, lo, hello, world, wor = (_id(tok, p) for p in ("Hel", "lo", "Hello", "Ġworld", "Ġwor"))
+    if last == "Ġworld":  # Hel + lo + " world" == "Hello world"
+        script = {(): [hel], (hel,): [lo], (hel, lo): [world, wor]}
+    else:  # Hello + " world" + " " strips to "Hello world"; so does stopping there
+        script = {(): [hello], (hello,): [world], (hello, world): [_id(tok, "Ġ"), tok.end_of_turn_id, wor]}
+    [free] = _decode(tok, script, None, max_new_tokens=3)
+    assert _text(tok, free).strip() == "Hello world"
+    [out] = _decode(tok, script, [["Hello world"]], max_new_tokens=3)
+    print(repr(_text(tok, free)), "->", repr(_text(tok, out)), out.stopped_by, out.banned_mass)
+    assert _text(tok, out).strip() != "Hello world"
+    assert _text(tok, out).startswith("Hello wor") and out.stopped_by == MAX_TOKENS
+    assert out.banned_mass > 0 and out.banned_steps == 1
+
+
+def test_bans_are_per_sequence_and_absent_bans_cost_nothing(smollm_tokenizer):
+    tok = smollm_tokenizer
+    hello, world, bang, eot = _id(tok, "Hello"), _id(tok, "Ġworld"), _id(tok, "!"), tok.end_of_turn_id
+    script = {(): [hello], (hello,): [world], (hello, world): [eot, bang], (hello, world, bang): [eot]}
+    banned_first, other_ban, free = _decode(tok, script, [["Hello world"], ["Goodbye"], []], n_contexts=3)
+    assert _text(tok, banned_first) == "Hello world!" and banned_first.banned_steps == 1
+    for out in (other_ban, free):
+        assert (_text(tok, out), out.banned_mass, out.banned_steps) == ("Hello world", 0.0, 0)
+
+
+def test_an_empty_banned_string_forbids_an_empty_reply(smollm_tokenizer):
+    tok = smollm_tokenizer
+    bang = _id(tok, "!")
+    script = {(): [tok.end_of_turn_id, bang], (bang,): [tok.end_of_turn_id]}
+    [free] = _decode(tok, script, None)
+    [out] = _decode(tok, script, [[""]])
+    assert (_text(tok, free), _text(tok, out)) == ("", "!")
+
+
+def test_token_bytes_spell_the_text_exactly(smollm_tokenizer):
+    """Banned texts are compared on the bytes of the generated tokens: they must concatenate to the text."""
+    text = "Héllo wörld ✓ 日本\n\tprint('x')  <|im_end|>"
+    ids = smollm_tokenizer.encode(text).ids
+    assert b"".join(smollm_tokenizer.token_bytes[i] for i in ids) == text.encode()

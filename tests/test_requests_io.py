@@ -1,0 +1,101 @@
+"""Request files: validation names the line and id; output streams so valid lines before an error stay written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scorer_helpers import fake_scorer, smollm_tokenizer  # noqa: F401
+
+from fastscore.errors import ContextTooLongError, RequestError
+from fastscore.requests_io import read_requests, score_file
+
+GOOD = {"id": "a", "messages": [{"role": "user", "content": "Say hi"}], "candidates": ["Hi", "Hello"]}
+
+
+def _line(**changes) -> str:
+    record = {**GOOD, **changes}
+    return json.dumps({k: v for k, v in record.items() if v is not ...})
+
+
+def _write(tmp_path, lines: list[str]):
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_reads_valid_lines_lazily_and_skips_blank_lines(tmp_path):
+    path = _write(tmp_path, [_line(id="a"), "", _line(id=2, banned=["Hi"])])
+    records = list(read_requests(path))
+    assert [(r.line, r.id, r.banned) for r in records] == [(1, "a", ()), (3, 2, ("Hi",))]
+    assert records[0].messages[0].role == "user" and records[0].candidates == ("Hi", "Hello")
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ('{"id": "x", "messages": [', "malformed JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        (_line(candidates=...), "missing field 'candidates'"),
+        (_line(messages=...), "missing field 'messages'"),
+        (_line(id=...), "missing field 'id'"),
+        (_line(candidates=[]), "empty candidate list"),
+        (_line(candidates=["ok", ""]), "candidate 1 is an empty continuation"),
+        (_line(messages=[{"role": "wizard", "content": "hi"}]), "unknown role 'wizard'"),
+        (_line(messages=[{"role": "user"}]), "string 'content'"),
+        (_line(banned="Hi"), "'banned' must be a list of strings"),
+        (_line(id=[1]), "'id' must be a string or an integer"),
+        (_line(id="first"), "duplicate id (first used on line 1)"),
+    ],
+)
+def test_bad_line_raises_with_its_line_number(tmp_path, bad, message):
+    path = _write(tmp_path, [_line(id="first"), _line(id="second"), bad])
+    records = read_requests(path)
+    assert [r.id for r in (next(records), next(records))] == ["first", "second"]  # lazily: good lines first
+    with pytest.raises(RequestError) as err:
+        next(records)
+    print(err.value)
+    assert err.value.line == 3
+    assert message in str(err.value)
+    assert str(err.value).startswith("line 3")
+
+
+def test_valid_lines_before_a_bad_line_are_written(tmp_path, fake_scorer):
+    lines = [_line(id=f"r{i}") for i in range(5)] + ["{not json"] + [_line(id="after")]
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(RequestError) as err:
+        score_file(fake_scorer, _write(tmp_path, lines), out, chunk_size=4, progress=False)
+    assert err.value.line == 6
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [w["id"] for w in written] == [f"r{i}" for i in range(5)]
+
+
+def test_a_request_failing_in_the_scorer_names_its_line_and_keeps_earlier_lines(tmp_path, fake_scorer):
+    long_text = "word " * (fake_scorer.backend.n_ctx + 10)
+    lines = [_line(id="r0"), _line(id="r1"), _line(id="long", candidates=[long_text]), _line(id="r3")]
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(ContextTooLongError) as err:
+        score_file(fake_scorer, _write(tmp_path, lines), out, chunk_size=64, progress=False)
+    print(err.value)
+    assert err.value.line == 3 and "'long'" in str(err.value)
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["r0", "r1"]
+
+
+def test_output_fields(tmp_path, fake_scorer):
+    out = tmp_path / "out.jsonl"
+    summary = score_file(
+        fake_scorer, _write(tmp_path, [_line(id=7, banned=["Hi"])]), out, generate=True, max_new_tokens=4,
+        progress=False,
+    )
+    assert (summary.n_requests, summary.n_candidates) == (1, 2)
+    [line] = [json.loads(text) for text in out.read_text().splitlines()]
+    assert line["id"] == 7 and line["scored_end_of_turn"] is True
+    assert [c["text"] for c in line["candidates"]] == ["Hi", "Hello"]
+    for c in line["candidates"]:
+        assert set(c) == {"text", "logprob", "n_tokens", "logprob_per_token", "token_logprobs", "token_is_argmax",
+                          "boundary_straddles", "prob", "prob_per_token"}
+        assert len(c["token_logprobs"]) == len(c["token_is_argmax"]) == c["n_tokens"]
+        assert c["logprob"] == pytest.approx(sum(c["token_logprobs"]))
+    assert sum(c["prob"] for c in line["candidates"]) == pytest.approx(1.0)
+    assert set(line["greedy"]) == {"text", "stopped_by", "banned_mass", "banned_steps"}
+    assert line["greedy"]["stopped_by"] in ("end_of_turn", "max_tokens")
