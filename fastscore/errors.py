@@ -40,6 +40,14 @@ class ArtefactUnavailableError(FastscoreError):
     exit_code = 4
 
 
+class ModelLoadError(ArtefactUnavailableError):
+    """An artefact exists but the backend cannot load it (not a valid file, unsupported architecture)."""
+
+
+class BackendError(FastscoreError):
+    """The inference engine failed at run time (e.g. llama_decode returned an error)."""
+
+
 class ConversionError(FastscoreError):
     exit_code = 5
 

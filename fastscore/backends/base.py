@@ -59,6 +59,10 @@ class Backend(abc.ABC):
     def score_tokens(self, requests: Sequence[TokenRequest]) -> list[TokenScores]:
         """Log-probs of each request's scored tokens, in request order. Sequences longer than n_ctx are an error."""
 
+    def logprob_rows(self, requests: Sequence[TokenRequest]) -> list[np.ndarray]:
+        """float64 [n_scored, n_vocab] log-softmax rows predicting each request's scored tokens (for KL divergence)."""
+        raise UnsupportedError(f"backend {self.name!r} does not return full distributions")
+
     def decoder(self) -> Decoder:
         raise UnsupportedError(f"backend {self.name!r} does not support greedy decoding")
 

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from fastscore.backends.base import Backend, Decoder
 from fastscore.backends.onnx_session import DecoderSession
 from fastscore.errors import ContextTooLongError, RequestError
-from fastscore.mathops import gather_logprobs
+from fastscore.mathops import gather_logprobs, log_softmax_rows
 from fastscore.records import TokenRequest, TokenScores
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,13 @@ class OnnxBackend(Backend):
         self.share_prefixes = share_prefixes
 
     def score_tokens(self, requests: Sequence[TokenRequest]) -> list[TokenScores]:
+        return self._map_logits(requests, self._scores)
+
+    def logprob_rows(self, requests: Sequence[TokenRequest]) -> list[np.ndarray]:
+        return self._map_logits(requests, lambda request, rows: log_softmax_rows(rows))
+
+    def _map_logits(self, requests: Sequence[TokenRequest], reduce) -> list:
+        """reduce(request, logits rows predicting its scored tokens) for each request, in request order."""
         for position, request in enumerate(requests):
             if len(request.tokens) > self.n_ctx:
                 raise ContextTooLongError(
@@ -139,11 +146,11 @@ class OnnxBackend(Backend):
             groups = plan_groups(sequences)
         else:
             groups = [Group((i,), len(s)) for i, s in enumerate(sequences)]
-        results: list[TokenScores | None] = [None] * len(requests)
+        results: list = [None] * len(requests)
         with tqdm(total=len(requests), desc="onnx scoring", unit="req", disable=None, leave=False) as bar:
             for group in groups:
                 for index, rows in self._group_logits(requests, group):
-                    results[index] = self._scores(requests[index], rows)
+                    results[index] = reduce(requests[index], rows)
                 bar.update(len(group.members))
         return results
 

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from fastscore.backends.base import Backend, Decoder
 from fastscore.deps import require
 from fastscore.errors import ArtefactUnavailableError, ContextTooLongError, RequestError
-from fastscore.mathops import gather_logprobs
+from fastscore.mathops import gather_logprobs, log_softmax_rows
 from fastscore.records import TokenRequest, TokenScores
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,12 @@ class ReferenceBackend(Backend):
         self.n_vocab = int(self.model.get_output_embeddings().weight.shape[0])
 
     def score_tokens(self, requests: Sequence[TokenRequest]) -> list[TokenScores]:
+        return self._map_logits(requests, self._scores)
+
+    def logprob_rows(self, requests: Sequence[TokenRequest]) -> list[np.ndarray]:
+        return self._map_logits(requests, lambda request, rows: log_softmax_rows(rows))
+
+    def _map_logits(self, requests: Sequence[TokenRequest], reduce) -> list:
         for position, request in enumerate(requests):
             if len(request.tokens) > self.n_ctx:
                 raise ContextTooLongError(
@@ -52,23 +58,27 @@ class ReferenceBackend(Backend):
                 )
         results = []
         for request in tqdm(requests, desc="reference scoring", unit="req", disable=None, leave=False):
-            results.append(self._score_one(request))
+            results.append(reduce(request, self._logits(request)))
         return results
 
-    def _score_one(self, request: TokenRequest) -> TokenScores:
+    def _scores(self, request: TokenRequest, rows: np.ndarray) -> TokenScores:
+        # float32 logits; gather_logprobs normalises each row in float64.
+        logprobs, is_argmax = gather_logprobs(rows, np.asarray(request.tokens[request.score_from :]))
+        return TokenScores(logprobs=logprobs, is_argmax=is_argmax)
+
+    def _logits(self, request: TokenRequest) -> np.ndarray:
+        """Logits rows [n_scored, V] predicting the request's scored tokens, from one forward pass."""
         torch = self.torch
         tokens = torch.tensor([request.tokens], dtype=torch.long)
         # The last n_scored + 1 rows: positions score_from - 1 .. end; the final row predicts nothing.
         with torch.inference_mode():
             logits = self.model(input_ids=tokens, use_cache=False, logits_to_keep=request.n_scored + 1).logits
-        # float32 logits; gather_logprobs normalises each row in float64.
-        logprobs, is_argmax = gather_logprobs(logits[0, :-1].numpy(), np.asarray(request.tokens[request.score_from :]))
         self.stats.requested_tokens += len(request.tokens)
         self.stats.computed_tokens += len(request.tokens)
         self.stats.trie_minimal_tokens += len(request.tokens)
         self.stats.scored_tokens += request.n_scored
         self.stats.forward_calls += 1
-        return TokenScores(logprobs=logprobs, is_argmax=is_argmax)
+        return logits[0, :-1].numpy()
 
     def decoder(self) -> "ReferenceDecoder":
         return ReferenceDecoder(self)

@@ -1,0 +1,79 @@
+"""Session fixtures: the embedded model's variants and tiny random models, built once and kept in the cache.
+
+FASTSCORE_HOME is left as the user has it (default ~/.cache/fastscore): a machine that ran the suite before reuses
+its conversions, and a fresh machine builds them on first use (each variant is built only when a test asks for it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+from fastscore import cache
+from fastscore.registry import default_model
+from fastscore.resolve import Artefact, resolve
+
+EMBEDDED = default_model()
+TINY_ARCHS = ("llama", "qwen2", "qwen3")
+
+
+@pytest.fixture(scope="session")
+def smollm_artefact():
+    """smollm_artefact(backend, quant) -> Artefact of the embedded model, converted on first request."""
+    built: dict[tuple[str, str], Artefact] = {}
+
+    def get(backend: str = "llamacpp", quant: str = "q4_1") -> Artefact:
+        if (backend, quant) not in built:
+            built[backend, quant] = resolve(EMBEDDED, backend, quant, progress=False)
+        return built[backend, quant]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def smollm(smollm_artefact):
+    """Alias of smollm_artefact: smollm(backend, quant) -> Artefact."""
+    return smollm_artefact
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer_dir(smollm_artefact) -> Path:
+    """The embedded model's tokenizer rebuilt from its GGUF (cheap: no weights are converted)."""
+    return smollm_artefact("llamacpp", "q4_1").tokenizer_dir
+
+
+def _tiny_source_version() -> str:
+    """Tiny checkpoints are rebuilt whenever the code that makes them changes."""
+    from fastscore.conversion import tiny
+
+    return hashlib.sha256(inspect.getsource(tiny).encode()).hexdigest()[:8]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(smollm_tokenizer_dir):
+    """tiny_model(arch) -> the folder of a seeded tiny random HF checkpoint (llama, qwen2 or qwen3), cached."""
+    from fastscore.conversion.tiny import build_tiny_model
+
+    version = _tiny_source_version()
+
+    def get(arch: str) -> Path:
+        final = cache.home() / "test-models" / f"tiny-{arch}-{version}"
+        if not cache.is_complete(final):
+            with cache.atomic_dir(final) as scratch:
+                build_tiny_model(arch, scratch, seed=0, tokenizer_dir=smollm_tokenizer_dir)
+        return final
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_artefact(tiny_model):
+    """tiny_artefact(arch, backend, quant) -> Artefact of a tiny model's variant (GGUF/ONNX built and checked)."""
+
+    def get(arch: str, backend: str, quant: str) -> Artefact:
+        return resolve(str(tiny_model(arch)), backend, quant, progress=False)
+
+    return get
