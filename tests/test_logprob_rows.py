@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from fastscore import backends
-from fastscore.errors import UnsupportedError
 from fastscore.records import Message, ScoreRequest
 from fastscore.scorer import Scorer
 from fastscore.tokenizer import Tokenizer
@@ -63,9 +62,7 @@ def opened(tiny_artefact):
 LABELS = [
     "reference",
     "onnx-fp32",
-    pytest.param("llamacpp-f32", marks=pytest.mark.xfail(
-        strict=False, raises=UnsupportedError,
-        reason="LlamaCppBackend does not implement logprob_rows yet (Backend.logprob_rows raises UnsupportedError)")),
+    "llamacpp-f32",
 ]
 
 

@@ -94,7 +94,8 @@ class LlamaSession:
     llama.cpp's output buffer, valid until the next forward() on this context."""
 
     def __init__(self, L, ctx, buffer: BatchBuffer, n_vocab: int, stats: EngineStats, owns_ctx: bool) -> None:
-        self.L, self.ctx, self.buffer, self.n_vocab, self.stats, self.owns_ctx = L, ctx, buffer, n_vocab, stats, owns_ctx
+        self.L, self.ctx, self.buffer, self.owns_ctx = L, ctx, buffer, owns_ctx
+        self.n_vocab, self.stats = n_vocab, stats
 
     def clear(self) -> None:
         # data=False: resetting the cell metadata is enough, stale K/V values are never attended to.

@@ -1,0 +1,79 @@
+"""Log-softmax maths on logits rows: pure numpy, vectorised, float64 where it matters.
+
+Rows are processed in blocks so a batch of thousands of vocab-sized rows never needs a float64 copy of the whole
+matrix at once (4096 rows x 49152 vocab would be 1.6 GB in float64).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+# Rows per block: 256 x 49152 float64 temporaries = 100 MB at most, small next to the logits themselves.
+_BLOCK_ROWS = 256
+
+
+def _as_rows(logits: np.ndarray) -> np.ndarray:
+    rows = np.asarray(logits)
+    if rows.ndim != 2:
+        raise ValueError(f"expected a 2-D array of logits rows, got shape {rows.shape}")
+    if rows.shape[1] == 0:
+        raise ValueError("logits rows are empty (vocabulary of size 0)")
+    if rows.dtype not in (np.float32, np.float64):
+        rows = rows.astype(np.float64)
+    return rows
+
+
+def logsumexp_rows(logits: np.ndarray, exact_exp: bool = False) -> np.ndarray:
+    """float64 [n_rows]: log(sum(exp(row))) per row, summed in float64 block by block.
+
+    By default the shifted exponentials (all in (0, 1]) are taken in the input precision, float32 for llama.cpp
+    logits, which is 2.5x faster and moves the result by < 1e-7 nats; exact_exp=True takes them in float64.
+    """
+    rows = _as_rows(logits)
+    out = np.empty(rows.shape[0], dtype=np.float64)
+    for start in range(0, rows.shape[0], _BLOCK_ROWS):
+        block = rows[start : start + _BLOCK_ROWS]
+        peak = block.max(axis=1, keepdims=True)
+        if not np.all(np.isfinite(peak)):
+            raise FloatingPointError("logits contain a row whose maximum is not finite")
+        shifted = block.astype(np.float64) - peak if exact_exp else block - peak
+        np.exp(shifted, out=shifted)
+        out[start : start + len(block)] = peak[:, 0].astype(np.float64) + np.log(shifted.sum(axis=1, dtype=np.float64))
+    return out
+
+
+def log_softmax_rows(logits: np.ndarray) -> np.ndarray:
+    """float64 [n_rows, n_vocab]: the log-softmax of each row."""
+    rows = _as_rows(logits)
+    return rows.astype(np.float64) - logsumexp_rows(rows, exact_exp=True)[:, None]
+
+
+def gather_logprobs(
+    logits_rows: np.ndarray, targets: np.ndarray, rows: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Log-prob of targets[k] under row rows[k] (default: row k), and whether it is that row's argmax.
+
+    Returns (float64 [n], bool [n]). Each row's normaliser is computed once however many targets share it
+    (a trie node's last position predicts the first token of every child). The argmax is numpy's (first index
+    on ties), the same rule greedy decoding uses, so a greedy token always has is_argmax True.
+    """
+    logits = _as_rows(logits_rows)
+    targets = np.asarray(targets, dtype=np.int64)
+    rows = np.arange(len(targets)) if rows is None else np.asarray(rows, dtype=np.int64)
+    if rows.shape != targets.shape or targets.ndim != 1:
+        raise ValueError(f"targets {targets.shape} and rows {rows.shape} must be equal 1-D shapes")
+    if len(targets) and (targets.min() < 0 or targets.max() >= logits.shape[1]):
+        raise ValueError(f"target token ids must lie in [0, {logits.shape[1]})")
+    if len(rows) and (rows.min() < 0 or rows.max() >= logits.shape[0]):
+        raise ValueError(f"row indices must lie in [0, {logits.shape[0]})")
+    used = np.unique(rows)
+    # Normalise only the rows some target reads; `where` maps a row index to its place in `used`.
+    lse = logsumexp_rows(logits[used]) if len(used) < logits.shape[0] else logsumexp_rows(logits)
+    argmax = logits[used].argmax(axis=1) if len(used) < logits.shape[0] else logits.argmax(axis=1)
+    where = np.searchsorted(used, rows) if len(used) < logits.shape[0] else rows
+    picked = logits[rows, targets].astype(np.float64)
+    return picked - lse[where], argmax[where] == targets
