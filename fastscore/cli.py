@@ -67,7 +67,7 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
     from fastscore.session import default_quant, open_scorer
 
     model = model or default_model()
-    quant = quant or default_quant(model)
+    quant = quant or default_quant(model, backend)
     with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads,
                      include_end_of_turn=not exclude_end_of_turn) as scorer:
         summary = score_file(scorer, requests, out, generate=generate, max_new_tokens=max_new_tokens,
@@ -93,7 +93,8 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out (same options required).")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
-              help="Greedy token limit for every environment (default: per environment).")
+              help="Greedy token cap for every environment (default: per environment; each item decodes at most "
+                   "twice its longest candidate).")
 @click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
 @click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A local HF checkpoint folder to use instead of the hub.")
@@ -137,14 +138,19 @@ def _bench_list(value: str | None) -> tuple[str, ...] | None:
 @click.option("--pp-tokens", default=512, show_default=True, type=click.IntRange(min=2))
 @click.option("--per-request-repeats", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--reference-repeats", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--per-request-limit", default=None, type=click.IntRange(min=1),
+              help="Time only the first N requests one per call (default: all).")
 @click.option("--greedy-batches", default="1,8,32", show_default=True)
 @click.option("--new-tokens", default=32, show_default=True, type=click.IntRange(min=1))
+@click.option("--greedy-repeats", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--sgemm-n", default=2048, show_default=True, type=click.IntRange(min=16))
+@click.option("--conditions", default=None, help="Subset of study conditions in the workload (default: all).")
 @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the JSON figures to this file.")
 @_friendly
 def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_reference, best, pp_tokens,
-          per_request_repeats, reference_repeats, greedy_batches, new_tokens, sgemm_n, json_out) -> None:
+          per_request_repeats, reference_repeats, per_request_limit, greedy_batches, new_tokens, greedy_repeats, sgemm_n,
+          conditions, json_out) -> None:
     """Benchmark every backend side by side on the same study requests: a table, then one JSON line."""
     import os
 
@@ -156,8 +162,8 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
         model=model or default_model(), data_dir=data, items_per_env=limit, envs=_bench_list(envs),
         threads=threads or os.cpu_count() or 1, repeats=repeats, backends=_bench_list(backends), quants=_bench_list(quants),
         skip_reference=skip_reference, best=best, pp_tokens=pp_tokens, per_request_repeats=per_request_repeats,
-        reference_repeats=reference_repeats, greedy_batches=tuple(int(b) for b in _bench_list(greedy_batches)),
-        new_tokens=new_tokens, sgemm_n=sgemm_n,
+        per_request_limit=per_request_limit, reference_repeats=reference_repeats, greedy_batches=tuple(int(b) for b in _bench_list(greedy_batches)),
+        new_tokens=new_tokens, greedy_repeats=greedy_repeats, sgemm_n=sgemm_n, conditions=_bench_list(conditions),
     )  # fmt: skip
     summary = run_bench(opts)
     click.echo(render(summary))

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from fastscore.errors import UnsupportedError
+from fastscore.errors import ContextTooLongError, UnsupportedError
 from fastscore.records import EngineStats, TokenRequest, TokenScores
 
 
@@ -58,6 +58,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def score_tokens(self, requests: Sequence[TokenRequest]) -> list[TokenScores]:
         """Log-probs of each request's scored tokens, in request order. Sequences longer than n_ctx are an error."""
+
+    def check_context(self, requests: Sequence[TokenRequest]) -> None:
+        """Raise ContextTooLongError for the first request longer than the model's context."""
+        for position, request in enumerate(requests):
+            if len(request.tokens) > self.n_ctx:
+                raise ContextTooLongError(
+                    f"{len(request.tokens)} tokens exceed the model's context of {self.n_ctx}", request_id=position
+                )
 
     def logprob_rows(self, requests: Sequence[TokenRequest]) -> list[np.ndarray]:
         """float64 [n_scored, n_vocab] log-softmax rows predicting each request's scored tokens (for KL divergence)."""

@@ -133,11 +133,7 @@ class OnnxBackend(Backend):
 
     def _map_logits(self, requests: Sequence[TokenRequest], reduce) -> list:
         """reduce(request, logits rows predicting its scored tokens) for each request, in request order."""
-        for position, request in enumerate(requests):
-            if len(request.tokens) > self.n_ctx:
-                raise ContextTooLongError(
-                    f"{len(request.tokens)} tokens exceed the model's context of {self.n_ctx}", request_id=position
-                )
+        self.check_context(requests)
         sequences = [r.tokens for r in requests]
         self.stats.requested_tokens += sum(map(len, sequences))
         self.stats.scored_tokens += sum(r.n_scored for r in requests)

@@ -51,11 +51,7 @@ class ReferenceBackend(Backend):
         return self._map_logits(requests, lambda request, rows: log_softmax_rows(rows))
 
     def _map_logits(self, requests: Sequence[TokenRequest], reduce) -> list:
-        for position, request in enumerate(requests):
-            if len(request.tokens) > self.n_ctx:
-                raise ContextTooLongError(
-                    f"{len(request.tokens)} tokens exceed the model's context of {self.n_ctx}", request_id=position
-                )
+        self.check_context(requests)
         results = []
         for request in tqdm(requests, desc="reference scoring", unit="req", disable=None, leave=False):
             results.append(reduce(request, self._logits(request)))
