@@ -1,0 +1,81 @@
+"""The benchmark's printed output: human tables, then one JSON line holding every figure."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def _f(x: Any, digits: int = 1) -> str:
+    if x is None:
+        return "n/a"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}" if abs(x) >= 0.01 or x == 0 else f"{x:.2e}"
+    return str(x)
+
+
+def _grid(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def _met(t: dict) -> str:
+    return f"{_f(t['value'], 2)} (target >= {t['target']}: {'met' if t['met'] else 'NOT met' if t['met'] is False else 'n/a'})"
+
+
+def render(summary: dict[str, Any]) -> str:
+    w = summary["workload"]
+    r = summary["roofline"]
+    parts = [
+        f"fastscore bench — {summary['date_utc']} — {summary['options']['model']} — threads {summary['threads']} "
+        f"— repeats {summary['options']['repeats']} (medians; warm-up not counted)",
+        f"workload: {w['items']} items, {w['contexts']} contexts, {w['requests']} requests "
+        f"(envs {', '.join(w['envs'])}); same token requests on every backend: {_f(w['same_requests_on_every_backend'])}",
+        f"load average (1/5/15 min) at start {summary['machine']['load_average_at_start']}, at end "
+        f"{[round(x, 2) for x in summary['machine']['load_average_1_5_15_at_end']]} on {summary['machine']['cpu_count']} CPUs",
+        f"sgemm limit: {_f(summary['sgemm']['gflops'])} GFLOP/s (float32 {summary['sgemm']['n']}² numpy matmul)",
+        f"FLOPs/token: {_f(r['flops_per_token_prefill_without_lm_head'] / 1e6)} M without lm_head, "
+        f"{_f(r['flops_per_token_prefill_with_lm_head'] / 1e6)} M with (at pp mean position "
+        f"{_f(r['mean_position_prefill'])}); workload mean position {_f(r['mean_position_workload_trie'])}: "
+        f"{_f(r['flops_per_token_workload_without_lm_head'] / 1e6)} M / {_f(r['flops_per_token_workload_with_lm_head'] / 1e6)} M",
+        "",
+    ]
+    rows = []
+    for key, b in summary["backends"].items():
+        rows.append([key, _f(b["requested_tokens"]), _f(b["computed_tokens"]), _f(b["trie_minimal_tokens"]),
+                     _f(b["unique_tokens_per_s"]), _f(b["prefill_tokens_per_s"]), _f(b["unique_vs_prefill"], 2), _f(b["shared_vs_prefill_gflops"], 2),
+                     _f(b["per_request_requested_tokens_per_s"]), _f(b["sharing_speedup"], 1),
+                     _f(b["prefill_gflops"]), _f(b["prefill_fraction_of_sgemm"], 2),
+                     _f(b["shared_fraction_of_sgemm"], 2), _f(b["max_rss_mb"], 0)])
+    parts.append(_grid(["config", "requested", "computed", "trie-min", "uniq tok/s", "pp tok/s", "uniq/pp", "GFLOP/s vs pp",
+                        "alone req tok/s", "share x", "pp GFLOP/s", "pp/sgemm", "shared/sgemm", "RSS MB"], rows))
+    e = summary["end_to_end"]
+    parts += ["", f"end to end (best llama.cpp type: {summary['best_llamacpp_type']}):"]
+    for key, m in e.items():
+        if isinstance(m, dict):
+            parts.append(f"  {key}: {_f(m['seconds'], 2)} s for {m['requests']} requests "
+                         f"({'one request per call' if m['one_request_per_call'] else 'shared'}; {m['weights']})")
+    for key in ("speedup_vs_reference", "max_abs_diff_best_vs_reference", "max_abs_diff_f32_vs_reference"):
+        if key in e:
+            parts.append(f"  {key}: {_f(e[key], 4)}")
+    g = summary["greedy"]
+    if g:
+        parts += ["", f"greedy decoding ({g['backend']}, decode phase only, fixed steps):"]
+        rows = [[b, _f(v["batched_tokens_per_s"]), _f(v["sequential_tokens_per_s"]), _f(v["speedup"], 2)]
+                for b, v in g.items() if isinstance(v, dict)]
+        parts.append(_grid(["contexts", "batched tok/s", "one-at-a-time tok/s", "speedup"], rows))
+    t = summary["targets"]
+    parts += ["", "targets:", f"  end to end vs reference: {_met(t['end_to_end_speedup'])}",
+              f"  batched greedy (32) vs sequential: {_met(t['greedy_batched_speedup_32'])}"]
+    parts += [f"  unique tok/s vs prefill, {k}: {_met(v)}" for k, v in t["unique_vs_prefill"].items()]
+    parts += [f"  prefill vs sgemm, {k}: {_met(v)}" for k, v in t["prefill_fraction_of_sgemm"].items()]
+    return "\n".join(parts)
+
+
+def json_line(summary: dict[str, Any]) -> str:
+    return json.dumps(summary, sort_keys=True, allow_nan=False, separators=(",", ":"))

@@ -1,0 +1,69 @@
+"""One benchmark configuration in a fresh process, so its peak RSS (ru_maxrss) is its own.
+
+    python -m fastscore.bench.worker SPEC.json OUT.json
+
+SPEC: {"task": "sgemm" | "backend" | "e2e" | "greedy", "model", "backend", "quant", "threads", "repeats",
+"workload": path, ...task options}. The parent sets the BLAS/OpenMP thread variables in this process's
+environment before numpy loads. OUT gets the task's figures plus "max_rss_bytes".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def run_spec(spec: dict) -> dict:
+    task = spec["task"]
+    if task == "sgemm":
+        from fastscore.bench.roofline import measure_sgemm
+
+        return measure_sgemm(spec.get("n", 2048), spec["repeats"])
+
+    from fastscore.bench import measure
+    from fastscore.bench.workload import Workload
+    from fastscore.session import open_scorer
+
+    workload = Workload.from_json(Path(spec["workload"]).read_text(encoding="utf-8"))
+    with open_scorer(spec["model"], spec["backend"], spec["quant"], n_threads=spec["threads"], progress=False) as scorer:
+        if task == "backend":
+            return measure.measure_backend(scorer, workload, spec["repeats"], spec.get("pp_tokens", 512),
+                                           spec.get("per_request_repeats", 1), spec.get("per_request_limit"))
+        if task == "e2e":
+            return measure.measure_end_to_end(scorer, workload, spec["repeats"], spec["one_request_per_call"])
+        if task == "greedy":
+            return measure.measure_greedy(scorer, workload, spec["batch_sizes"], spec["new_tokens"], spec["repeats"])
+    raise ValueError(f"unknown benchmark task {task!r}")
+
+
+def max_rss_bytes() -> int:
+    # Linux reports ru_maxrss in KiB (macOS in bytes).
+    scale = 1 if sys.platform == "darwin" else 1024
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m fastscore.bench.worker SPEC.json OUT.json", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    from fastscore.errors import FastscoreError
+
+    try:
+        result = run_spec(spec)
+    except FastscoreError as exc:  # handed to the parent, which re-raises it as a typed BenchmarkError
+        Path(argv[1]).write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), encoding="utf-8")
+        return 1
+    result["max_rss_bytes"] = max_rss_bytes()
+    Path(argv[1]).write_text(json.dumps(result), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,114 @@
+"""The benchmark's fixed requests: a slice of study items, every distinct condition context x every candidate.
+
+Conditions whose messages equal another's (clean_retry shows `before`'s messages, ban shows `after`'s) are scored
+once: counting them twice would flatter prefix sharing with requests the study never needs to recompute.
+The slice is written to a JSON file that every benchmark worker reads, so all configurations score the same text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fastscore.records import CandidateSet, Message, TokenRequest
+
+log = logging.getLogger(__name__)
+
+ENVS = ("tools", "mbpp")
+
+
+@dataclass(frozen=True)
+class Workload:
+    sets: tuple[CandidateSet, ...]
+    envs: tuple[str, ...]
+    items_per_env: int
+    seed: int
+    n_items: int
+
+    @property
+    def n_requests(self) -> int:
+        return sum(len(s.candidates) for s in self.sets)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "envs": list(self.envs), "items_per_env": self.items_per_env, "seed": self.seed, "n_items": self.n_items,
+            "sets": [{"id": s.id, "messages": [[m.role, m.content] for m in s.messages],
+                      "candidates": list(s.candidates)} for s in self.sets],
+        }, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Workload":
+        raw = json.loads(text)
+        sets = tuple(
+            CandidateSet(id=s["id"], messages=tuple(Message(r, c) for r, c in s["messages"]),
+                         candidates=tuple(s["candidates"]))
+            for s in raw["sets"]
+        )
+        return cls(sets, tuple(raw["envs"]), raw["items_per_env"], raw["seed"], raw["n_items"])
+
+    def contexts(self) -> list[tuple[Message, ...]]:
+        """The distinct contexts in order (what greedy decoding starts from)."""
+        return [s.messages for s in self.sets]
+
+
+def build_workload(data_dir: Path, items_per_env: int, envs: Sequence[str] = ENVS, seed: int = 0,
+                   conditions: Sequence[str] | None = None) -> Workload:
+    """`conditions`: a subset of the study's conditions (default all), e.g. for a quick smoke run."""
+    from fastscore.study.conditions import env_module, render_conditions
+    from fastscore.study.metrics import CONDITIONS
+
+    conditions = tuple(conditions or CONDITIONS)
+
+    sets: list[CandidateSet] = []
+    n_items = 0
+    for env in envs:
+        module = env_module(env)
+        items, _ = module.build_items(Path(data_dir), items_per_env, seed)
+        n_items += len(items)
+        for item in items:
+            seen: set[tuple[Message, ...]] = set()
+            for context in render_conditions(item, module, conditions):
+                if context.messages in seen:
+                    continue
+                seen.add(context.messages)
+                sets.append(context.candidate_set(item.candidates))
+    log.info("workload: %d items, %d contexts, %d requests", n_items, len(sets), sum(len(s.candidates) for s in sets))
+    return Workload(tuple(sets), tuple(envs), items_per_env, seed, n_items)
+
+
+# ---------------------------------------------------------------- token-level facts of a request list
+
+
+def trie_node_positions(sequences: Sequence[Sequence[int]]) -> np.ndarray:
+    """0-based position of every node of the token trie of `sequences` (its size is the trie-minimal count)."""
+    ordered = sorted(tuple(s) for s in sequences)
+    positions: list[np.ndarray] = []
+    previous: tuple[int, ...] = ()
+    for seq in ordered:
+        n = min(len(previous), len(seq))
+        a, b = np.asarray(previous[:n]), np.asarray(seq[:n])
+        diff = np.flatnonzero(a != b)
+        shared = int(diff[0]) if diff.size else n
+        positions.append(np.arange(shared, len(seq)))
+        previous = seq
+    return np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)
+
+
+def all_positions(sequences: Sequence[Sequence[int]]) -> np.ndarray:
+    """Positions of every token of every sequence, each run whole (no sharing)."""
+    return np.concatenate([np.arange(len(s)) for s in sequences]) if sequences else np.zeros(0, dtype=np.int64)
+
+
+def requests_digest(requests: Sequence[TokenRequest]) -> str:
+    """A short hash of the token requests: equal digests mean the configurations scored identical tokens."""
+    h = hashlib.sha256()
+    for r in requests:
+        h.update(np.asarray(r.tokens, dtype=np.int64).tobytes())
+        h.update(r.score_from.to_bytes(4, "little"))
+    return h.hexdigest()[:16]

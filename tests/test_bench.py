@@ -1,0 +1,167 @@
+"""Benchmark maths on crafted numbers, and a smoke run of `fastscore bench` at tiny sizes (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from fastscore.bench.figures import backend_figures, best_llamacpp_type, max_abs_diff, target
+from fastscore.bench.roofline import (
+    ModelShape,
+    attention_flops,
+    flops_per_token,
+    layer_matmul_params,
+    lm_head_flops,
+    median,
+    non_embedding_params,
+    ratio,
+    shape_from_hf_config,
+    workload_flops,
+)
+from fastscore.bench.workload import all_positions, requests_digest, trie_node_positions
+from fastscore.records import TokenRequest
+
+TINY = ModelShape(n_layer=2, d_model=4, n_head=2, n_kv_head=1, head_dim=2, d_ff=8, n_vocab=10)
+SMOLLM2_135M = ModelShape(n_layer=30, d_model=576, n_head=9, n_kv_head=3, head_dim=64, d_ff=1536, n_vocab=49152)
+
+
+def test_flops_per_token_on_a_crafted_shape():
+    # q 4x4 + k,v 2 x 4x2 + o 4x4 = 48; gated MLP 3 x 4x8 = 96; per layer 144, two layers 288
+    assert layer_matmul_params(TINY) == 144
+    assert non_embedding_params(TINY) == 288
+    # attention at position 3: 4 x layers 2 x heads 2 x head_dim 2 x (3 + 1) keys = 128
+    assert attention_flops(TINY, [3]).tolist() == [128.0]
+    assert flops_per_token(TINY, 3, with_lm_head=False) == 2 * 288 + 128
+    assert lm_head_flops(TINY) == 2 * 4 * 10
+    assert flops_per_token(TINY, 3, with_lm_head=True) == 2 * 288 + 128 + 80
+    # lm_head on 2 of 10 computed positions only
+    assert workload_flops(TINY, 10, 3, 2) == 10 * 704 + 2 * 80
+
+
+def test_smollm2_135m_parameter_count():
+    # 30 x (576*576*2 + 2*576*192 + 3*576*1536) = 106,168,320; plus the tied 576 x 49152 embedding = 134.5M
+    assert non_embedding_params(SMOLLM2_135M) == 106_168_320
+    assert non_embedding_params(SMOLLM2_135M) + 576 * 49152 == pytest.approx(134.5e6, rel=1e-3)
+
+
+def test_shape_from_hf_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "num_hidden_layers": 2, "hidden_size": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "intermediate_size": 8, "vocab_size": 10}))
+    shape = shape_from_hf_config(tmp_path)
+    assert (shape.n_layer, shape.d_model, shape.n_head, shape.n_kv_head, shape.head_dim, shape.d_ff, shape.n_vocab) == (
+        2, 4, 2, 1, 2, 8, 10)
+
+
+def test_median_and_ratio():
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(1.0, 0.0) is None
+    assert target(9.0, 10.0) == {"value": 9.0, "target": 10.0, "met": False}
+    assert target(None, 10.0)["met"] is None
+
+
+def test_trie_positions_count_distinct_prefixes():
+    seqs = [(1, 2, 3), (1, 2, 4), (1, 5)]
+    positions = trie_node_positions(seqs)
+    assert sorted(positions.tolist()) == [0, 1, 1, 2, 2]  # nodes: 1 | 2, 5 | 3, 4
+    assert all_positions(seqs).tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    a = [TokenRequest((1, 2, 3), 1)]
+    assert requests_digest(a) == requests_digest([TokenRequest((1, 2, 3), 1)])
+    assert requests_digest(a) != requests_digest([TokenRequest((1, 2, 3), 2)])
+
+
+def _measured(shared_s: float, pp_s: float, alone_s: float) -> dict:
+    stats = {"computed_tokens": 100, "forward_calls": 3}
+    return {"trie_minimal_tokens": 100, "requested_tokens": 400, "scored_tokens": 20, "mean_trie_position": 3.0,
+            "mean_request_position": 3.0, "shared_vs_per_request_max_abs_diff": 0.0, "max_rss_bytes": 2**20,
+            "shared": {"seconds": shared_s, "stats": stats},
+            "per_request": {"seconds": alone_s, "requests": 8, "requested_tokens": 400, "mean_position": 3.0,
+                            "stats": {"computed_tokens": 400, "forward_calls": 8, "scored_tokens": 20}},
+            "prefill": {"tokens": 50, "seconds": pp_s, "mean_position": 3.0}}
+
+
+def test_backend_figures_ratios_on_crafted_numbers():
+    fig = backend_figures(_measured(shared_s=2.0, pp_s=0.4, alone_s=8.0), TINY, sgemm_gflops=1e-6)
+    assert fig["unique_tokens_per_s"] == 50.0
+    assert fig["prefill_tokens_per_s"] == 125.0
+    assert fig["unique_vs_prefill"] == pytest.approx(0.4)
+    assert fig["sharing_speedup"] == 4.0
+    # prefill: 50 tokens x 704 FLOPs + one lm_head row (80) in 0.4 s
+    assert fig["prefill_gflops"] == pytest.approx((50 * 704 + 80) / 0.4 / 1e9)
+    assert fig["prefill_fraction_of_sgemm"] == pytest.approx((50 * 704 + 80) / 0.4 / 1e9 / 1e-6)
+    # shared: 100 computed x 704 + 20 scored rows x 80 in 2 s, against the prefill's FLOP/s above
+    assert fig["shared_vs_prefill_gflops"] == pytest.approx(((100 * 704 + 20 * 80) / 2.0) / ((50 * 704 + 80) / 0.4))
+    assert fig["max_rss_mb"] == 1.0
+
+
+def test_best_type_and_max_diff():
+    backends = {"llamacpp:f32": _measured(4.0, 1, 1), "llamacpp:q4_0": _measured(1.0, 1, 1),
+                "onnx:fp32": _measured(0.5, 1, 1)}
+    assert best_llamacpp_type(backends) == "q4_0"  # ONNX is not a llama.cpp type
+    assert max_abs_diff([1.0, -2.0], [1.5, -2.25]) == 0.5
+    with pytest.raises(ValueError):
+        max_abs_diff([1.0], [1.0, 2.0])
+
+
+REQUIRED_KEYS = ("backends", "best_llamacpp_type", "end_to_end", "greedy", "memory_mb", "roofline", "sgemm", "targets",
+                 "threads", "workload")
+
+
+def _run_bench(tmp_path, extra: list[str]) -> tuple[dict, str]:
+    from fastscore.cli import main
+
+    json_out = tmp_path / "bench.json"
+    args = ["bench", "--limit", "1", "--env", "tools", "--backends", "llamacpp", "--quants", "q4_1",
+            "--repeats", "1", "--sgemm-n", "128", "--threads", "2", "--json-out", str(json_out),
+            "--data", str(_data_dir()), *extra]
+    result = CliRunner().invoke(main, args)
+    print(result.output)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output.strip().splitlines()[-1])
+    assert json.loads(json_out.read_text()) == summary
+    for key in REQUIRED_KEYS:
+        assert key in summary, key
+    assert "targets:" in result.output and "llamacpp:q4_1" in result.output
+    b = summary["backends"]["llamacpp:q4_1"]
+    assert b["trie_minimal_tokens"] < b["requested_tokens"]
+    print("shared vs one request per call, max |diff| (nats/request):", b["shared_vs_per_request_max_abs_diff"])
+    assert all(v > 0 for v in summary["memory_mb"].values())
+    return summary, result.output
+
+
+def test_bench_smoke_tiny_sizes(tmp_path):
+    """The shipped q4_1 GGUF on one context of one tools item: a table, then one JSON line with every key."""
+    summary, _ = _run_bench(tmp_path, ["--conditions", "before", "--skip-reference", "--pp-tokens", "16",
+                                       "--per-request-limit", "1", "--greedy-batches", "1", "--new-tokens", "1"])
+    assert summary["workload"]["requests"] == 4  # 1 item x 1 context x 4 candidates
+    assert summary["backends"]["llamacpp:q4_1"]["per_request_requests"] == 1
+    assert summary["end_to_end"]["llamacpp:q4_1"]["requests"] == 4
+    assert "speedup_vs_reference" not in summary["end_to_end"]
+    assert summary["targets"]["end_to_end_speedup"]["met"] is None  # not measured: n/a, never a made-up value
+    assert set(summary["greedy"]) == {"1", "backend"}
+
+
+@pytest.mark.slow
+def test_bench_smoke_with_reference(tmp_path):
+    """Adds the transformers reference (end-to-end speedup, max difference) and batched greedy decoding."""
+    summary, _ = _run_bench(tmp_path, ["--conditions", "before,after", "--pp-tokens", "64", "--greedy-batches", "1,2",
+                                       "--new-tokens", "2"])
+    assert summary["workload"]["requests"] == 8  # 1 item x (before, after) x 4 candidates
+    e2e = summary["end_to_end"]
+    assert e2e["llamacpp:q4_1"]["requests"] == e2e["reference:fp32"]["requests"] == 8
+    print("q4_1 vs reference max |diff| (nats/request):", e2e["max_abs_diff_best_vs_reference"])
+    assert np.isfinite(e2e["speedup_vs_reference"])
+    assert set(summary["greedy"]) >= {"1", "2"}
+
+
+def _data_dir() -> Path:
+    for candidate in (Path("../shared/data"), Path("/work/shared/data")):
+        if (candidate / "mbpp.jsonl").is_file():
+            return candidate
+    pytest.skip("study data folder not found")
