@@ -1,0 +1,257 @@
+"""Run the study end to end: build items, score every condition's candidate set, decode greedily, summarise, report.
+
+Each stage shows a progress bar with ETA and is timed. Work is persisted per item (see store.py), so a killed run
+resumes with `resume=True` where it stopped. Many items go into one scorer call so the engine shares the common
+prefixes of their conditions and candidates; identical requests of one item (clean_retry renders to before's
+messages, ban scores after's candidate set) are sent once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from fastscore.errors import DataError
+from fastscore.registry import default_model
+from fastscore.study.conditions import env_module
+from fastscore.study.items import Item, Skipped
+from fastscore.study.metrics import CONDITIONS, ENVS, read_score_rows, summarize
+from fastscore.study.runner_stages import ModelFailureBuilder, greedy_stage, score_stage
+from fastscore.study.store import SCORES_FILE, StudyStore
+
+log = logging.getLogger(__name__)
+
+FAILURE_SOURCES = ("seeded", "model")
+# Items per env of `make study`: measured so that both envs, all conditions and greedy decoding finish in about
+# ten minutes on the 2-core study machine (see the README's timing table).
+DEFAULT_LIMIT = 30
+# Greedy token caps. A tool call is one short line; a program needs room for a function body and its fences. Each
+# item decodes at most twice its longest candidate (runner_stages.greedy_budget), so the caps rarely bind; they
+# are also the length of the model's own attempt under --failures model.
+ENV_MAX_NEW_TOKENS = {"tools": 96, "mbpp": 256}
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    model: str = field(default_factory=default_model)
+    backend: str = "llamacpp"
+    quant: str = "q4_1"
+    envs: tuple[str, ...] = ENVS
+    limit: int = DEFAULT_LIMIT  # items per environment
+    seed: int = 0
+    failures: str = "seeded"  # "seeded": mutations of the ground truth; "model": the model's own failed attempts
+    out_dir: Path = Path("study-out")
+    data_dir: Path = Path("../shared/data")
+    resume: bool = False
+    n_boot: int = 2000
+    max_new_tokens: int | None = None  # greedy token cap; None: ENV_MAX_NEW_TOKENS per environment
+    hf_path: Path | None = None
+    threads: int | None = None
+
+    def new_tokens(self, env: str) -> int:
+        return self.max_new_tokens if self.max_new_tokens is not None else ENV_MAX_NEW_TOKENS[env]
+
+    def result_settings(self) -> dict[str, Any]:
+        """The settings that determine the results: a resumed run must use the same ones (config.json)."""
+        return {
+            "model": self.model,
+            "backend": self.backend,
+            "quant": self.quant,
+            "envs": list(self.envs),
+            "limit": self.limit,
+            "seed": self.seed,
+            "failures": self.failures,
+            "data_dir": str(Path(self.data_dir).resolve()),
+            "max_new_tokens": {env: self.new_tokens(env) for env in self.envs},
+            "hf_path": None if self.hf_path is None else str(Path(self.hf_path).resolve()),
+        }
+
+
+@dataclass(frozen=True)
+class StudyOutcome:
+    out_dir: Path
+    n_items: dict[str, int]  # items scored per env
+    n_item_errors: int  # items that could not be scored (item_errors.jsonl)
+    n_resumed: int  # items whose results were already stored when this invocation started
+    summary: dict[str, Any]
+    stage_seconds: dict[str, float]  # this invocation's stages
+    total_seconds: float
+    files: tuple[Path, ...]
+
+
+class StageTimer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        log.info("stage: %s", stage)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+
+def check_config(config: StudyConfig) -> None:
+    """Typed errors for bad settings and missing data, before any model is loaded."""
+    unknown = [env for env in config.envs if env not in ENVS]
+    if unknown or not config.envs:
+        raise DataError(f"unknown environment(s) {unknown or config.envs}: choose from {', '.join(ENVS)}")
+    if config.failures not in FAILURE_SOURCES:
+        raise DataError(f"--failures must be one of {', '.join(FAILURE_SOURCES)} (got {config.failures!r})")
+    if config.limit < 1:
+        raise DataError(f"--limit must be at least 1 (got {config.limit})")
+    if config.n_boot < 1:
+        raise DataError(f"n_boot must be at least 1 (got {config.n_boot})")
+    if config.max_new_tokens is not None and config.max_new_tokens < 1:
+        raise DataError(f"--max-new-tokens must be at least 1 (got {config.max_new_tokens})")
+    data = Path(config.data_dir)
+    if not data.is_dir():
+        raise DataError(f"study data folder {data} not found (resolved: {data.resolve()}); pass --data DIR")
+
+
+def _open_scorer(config: StudyConfig):
+    from fastscore.session import open_scorer  # imports a backend: only when a study actually runs
+
+    return open_scorer(config.model, config.backend, config.quant, hf_path=config.hf_path, n_threads=config.threads)
+
+
+def _build_items(config: StudyConfig, envs: dict, scorer, progress: bool) -> tuple[list[Item], list[Skipped]]:
+    items: list[Item] = []
+    skipped: list[Skipped] = []
+    for name, env in envs.items():
+        if config.failures == "seeded":
+            built, passed_over = env.build_items(Path(config.data_dir), config.limit, config.seed)
+        else:
+            builder = ModelFailureBuilder(name, env, scorer, Path(config.data_dir), config.seed, config.new_tokens(name))
+            built, passed_over = builder.build(config.limit, progress)
+        if len({item.item_id for item in built}) != len(built):
+            raise DataError(f"{name}: the environment built items with duplicate ids")
+        log.info("%s: %d items, %d source records skipped", name, len(built), len(passed_over))
+        items += built
+        skipped += passed_over
+    return items, skipped
+
+
+def run_study(
+    config: StudyConfig,
+    *,
+    progress: bool = True,
+    after_item: Callable[[str, str], None] | None = None,
+) -> StudyOutcome:
+    """Run (or resume) the study described by `config`; `after_item(stage, item_id)` is called after each item is
+    stored (a hook for progress reporting and for tests that interrupt a run)."""
+    started = time.perf_counter()
+    check_config(config)
+    timer = StageTimer()
+    store = StudyStore(Path(config.out_dir))
+    resumed = store.start(config.result_settings(), config.resume)
+    envs = {name: env_module(name) for name in config.envs}
+    with timer("load model"):
+        scorer = _open_scorer(config)
+    try:
+        with timer("build items"):
+            stored = store.load_items() if resumed else None
+            if stored is None:
+                items, skipped = _build_items(config, envs, scorer, progress)
+                store.save_items(items, skipped)
+            else:
+                items, skipped = stored
+                log.info("resume: reusing the %d stored items", len(items))
+        n_resumed = len(store.scores(rows_per_item=len(CONDITIONS)).load())
+        with timer("score candidate sets"):
+            score_stage(store, scorer, envs, items, progress=progress, after_item=after_item)
+        with timer("greedy decoding"):
+            greedy_stage(store, scorer, envs, items, Path(config.data_dir), config.new_tokens,
+                         progress=progress, after_item=after_item)
+        weights = scorer.weights_note
+    finally:
+        close = getattr(scorer, "close", None)
+        if close is not None:
+            close()
+    with timer("summarise"):
+        rows = read_score_rows(store.path(SCORES_FILE))
+        summary = summarize(rows, seed=config.seed, n_boot=config.n_boot)
+        summary_path = store.write_summary(summary)
+    errors = [r for records in store.item_errors().load().values() for r in records]
+    with timer("report and plots"):
+        from fastscore.study.plots import write_plots
+        from fastscore.study.report import write_report
+
+        plots = write_plots(rows, summary, Path(config.out_dir))  # before the report, which links the plots
+        meta = _report_meta(config, weights, skipped, errors, timer.seconds, resumed)
+        report = write_report(summary, Path(config.out_dir), meta)
+    total = time.perf_counter() - started
+    n_items = {env: s["n_items"] for env, s in summary.items()}
+    files = tuple(store.path(name) for name in store.existing_files()) + tuple(plots)
+    log.info("study finished in %.1f s", total)
+    return StudyOutcome(Path(config.out_dir), n_items, len(errors), n_resumed, summary, dict(timer.seconds),
+                        total, tuple(dict.fromkeys(files + (summary_path, report))))
+
+
+def skipped_counts(skipped: Sequence[Skipped], errors: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """{env: {reason: count}} over source records passed over and items that could not be scored."""
+    counts: dict[str, dict[str, int]] = {}
+    for env, reason in [(s.env, s.reason) for s in skipped] + [(e["env"], e["reason"]) for e in errors]:
+        by_reason = counts.setdefault(env, {})
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+    return counts
+
+
+def _report_meta(config: StudyConfig, weights: str, skipped: Sequence[Skipped], errors: Sequence[dict[str, Any]],
+                 stage_seconds: dict[str, float], resumed: bool) -> dict[str, Any]:
+    return {
+        "weights": weights,
+        "model": config.model,
+        "backend": config.backend,
+        "quant": config.quant,
+        "seed": config.seed,
+        "limit": config.limit,
+        "failures": config.failures,
+        "failure_source": config.failures,
+        "n_boot": config.n_boot,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": shlex.join(["fastscore", *sys.argv[1:]]) + (" (resumed)" if resumed else ""),
+        "stage_seconds": {k: round(v, 1) for k, v in stage_seconds.items()},
+        "skipped": skipped_counts(skipped, errors),
+    }
+
+
+def headline(outcome: StudyOutcome) -> list[str]:
+    """A few lines for the terminal: the main numbers of each environment and the measured time."""
+    lines = []
+    for env, s in outcome.summary.items():
+        conds = s["conditions"]
+        after, before = conds.get("after", {}), conds.get("before", {})
+        parts = [f"{env}: {s['n_items']} items"]
+        if "gain" in after:
+            g, t = after["gain"], after["gain_per_token"]
+            parts.append(f"G(after) = {g['mean']:.2f} nats [{_ci(g)}], {t['mean']:.3f} nats/token")
+            parts.append(f"share G<0 = {after['share_negative']['mean']:.0%}")
+        if "p_repeat" in before and "p_repeat" in after:
+            parts.append(f"P(repeat) {before['p_repeat']['mean']:.2f} -> {after['p_repeat']['mean']:.2f}")
+        if "greedy_repeat" in before and "greedy_repeat" in after:
+            parts.append(f"greedy repro {before['greedy_repeat']['mean']:.0%} -> {after['greedy_repeat']['mean']:.0%}")
+        lines.append("; ".join(parts))
+    stages = ", ".join(f"{k} {v:.0f} s" for k, v in outcome.stage_seconds.items())
+    lines.append(f"measured time: {outcome.total_seconds:.0f} s ({stages})")
+    if outcome.n_resumed:
+        lines.append(f"({outcome.n_resumed} items were already complete from the interrupted run)")
+    if outcome.n_item_errors:
+        lines.append(f"{outcome.n_item_errors} item(s) could not be scored; reasons in the report")
+    return lines
+
+
+def _ci(est: dict[str, Any]) -> str:
+    return "n/a" if est.get("lo") is None else f"{est['lo']:.2f}, {est['hi']:.2f}"

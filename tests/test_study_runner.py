@@ -1,0 +1,230 @@
+"""The study runner end to end on the embedded model (llamacpp, shipped Q4_1): outputs, resume, typed errors.
+
+Runs are tiny (1 item per env, short greedy limits, few bootstrap resamples) so the whole file stays fast: one
+uninterrupted run through the CLI, one run killed twice and resumed, one resume from a truncated scores.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fastscore.cli import main
+from fastscore.errors import DataError, ResumeConfigError
+from fastscore.study.metrics import CONDITIONS, read_score_rows
+from fastscore.study.plots import PLOT_FILES
+from fastscore.study.runner import StudyConfig, run_study
+from fastscore.study.store import AppendLog, StudyStore
+
+DATA = Path(os.environ.get("FASTSCORE_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
+LIMIT = 1
+SEED = 43  # its first items are short (about 1,600 tokens to score in all), which keeps the runs quick
+MAX_NEW = 8
+N_BOOT = 50
+OUTPUT_FILES = ("config.json", "items.jsonl", "skipped.jsonl", "logprobs.jsonl", "scores.jsonl", "summary.json",
+                "report.md", *PLOT_FILES)
+
+
+class Killed(Exception):
+    """Stands in for a kill: raised from the runner's per-item hook."""
+
+
+def _config(out: Path, **changes) -> StudyConfig:
+    base = StudyConfig(envs=("tools", "mbpp"), limit=LIMIT, seed=SEED, failures="seeded", out_dir=out, data_dir=DATA,
+                       n_boot=N_BOOT, max_new_tokens=MAX_NEW, threads=2)
+    return replace(base, **changes)
+
+
+def _rows(out: Path) -> list[dict]:
+    return sorted((r.to_dict() for r in read_score_rows(out / "scores.jsonl")),
+                  key=lambda r: (r["item_id"], r["condition"]))
+
+
+def _assert_same_rows(got: list[dict], want: list[dict]) -> None:
+    keys = [(r["item_id"], r["condition"]) for r in got]
+    assert len(keys) == len(set(keys)), "duplicated rows"
+    assert keys == [(r["item_id"], r["condition"]) for r in want], "lost or extra rows"
+    max_diff = 0.0
+    for a, b in zip(got, want):
+        for x, y in zip([a["lp"], *a["cand_lp"]], [b["lp"], *b["cand_lp"]]):
+            if x is None or y is None:
+                assert x is None and y is None
+            else:
+                max_diff = max(max_diff, abs(x - y))
+        assert {k: v for k, v in a.items() if k not in ("lp", "cand_lp", "p_repeat", "p_repeat_norm")} == \
+               {k: v for k, v in b.items() if k not in ("lp", "cand_lp", "p_repeat", "p_repeat_norm")}
+        assert a["p_repeat"] == pytest.approx(b["p_repeat"], abs=1e-9)
+    print(f"resumed vs uninterrupted: max |lp difference| = {max_diff:.3g} nats")
+    assert max_diff <= 1e-6
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Path:
+    if not DATA.is_dir():
+        pytest.skip(f"study data not found at {DATA} (set FASTSCORE_DATA)")
+    return DATA
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, data_dir) -> Path:
+    """One uninterrupted run through the CLI; the other tests compare against it."""
+    out = tmp_path_factory.mktemp("study") / "baseline"
+    result = CliRunner().invoke(main, [
+        "study", "--env", "tools,mbpp", "--limit", str(LIMIT), "--seed", str(SEED), "--failures", "seeded",
+        "--out", str(out), "--data", str(data_dir), "--max-new-tokens", str(MAX_NEW), "--n-boot", str(N_BOOT),
+        "--threads", "2",
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert "measured time:" in result.output
+    print(result.output)
+    return out
+
+
+def test_cli_writes_every_output_file_with_every_metric(baseline):
+    for name in OUTPUT_FILES:
+        assert (baseline / name).is_file(), name
+        assert (baseline / name).stat().st_size > 0 or name == "skipped.jsonl", name
+    items = [json.loads(line) for line in (baseline / "items.jsonl").read_text().splitlines()]
+    assert sorted({i["env"] for i in items}) == ["mbpp", "tools"] and len(items) == 2 * LIMIT
+    rows = read_score_rows(baseline / "scores.jsonl")
+    assert len(rows) == len(items) * len(CONDITIONS)
+    assert {(r.item_id, r.condition) for r in rows} == {(i["item_id"], c) for i in items for c in CONDITIONS}
+    for row in rows:
+        assert row.greedy is not None and row.greedy_repeat is not None and row.greedy_success is not None
+        assert len(row.cand_lp) == len(row.cand_n_tokens) >= 2
+        if row.condition == "ban":
+            assert row.lp == -math.inf and row.p_repeat == 0.0 and row.banned_mass is not None
+            assert row.greedy.strip() != next(i for i in items if i["item_id"] == row.item_id)["failed_action"]
+        else:
+            assert math.isfinite(row.lp) and row.banned_mass is None
+    by = {(r.item_id, r.condition): r for r in rows}
+    for i in items:
+        # clean_retry renders to before's messages, so the scorer must give it the same numbers.
+        assert by[i["item_id"], "clean_retry"].cand_lp == by[i["item_id"], "before"].cand_lp
+        assert by[i["item_id"], "ban"].cand_lp[1:] == by[i["item_id"], "after"].cand_lp[1:]
+    summary = json.loads((baseline / "summary.json").read_text())
+    for env in ("tools", "mbpp"):
+        conds = summary[env]["conditions"]
+        assert summary[env]["n_items"] == LIMIT
+        for metric in ("gain", "gain_per_token", "odds_factor", "share_negative", "p_repeat", "p_repeat_norm",
+                       "greedy_repeat", "greedy_success"):
+            assert metric in conds["after"], metric
+        assert "banned_mass" in conds["ban"]
+        assert set(summary[env]["remedies"]) >= {"description", "dont_repeat", "clean_retry", "ban"}
+    report = (baseline / "report.md").read_text()
+    assert "## Stage timings" in report and "greedy decoding" in report
+    weights = report.split("## Weights", 1)[1].split("##", 1)[0].strip()
+    assert weights and weights != "not recorded"
+
+
+def test_killed_run_resumes_without_losing_or_duplicating_items(baseline, tmp_path):
+    out = tmp_path / "killed"
+
+    def kill_at(stage: str):
+        def hook(at: str, item_id: str) -> None:
+            if at == stage:
+                raise Killed(f"{stage} {item_id}")
+        return hook
+
+    # Killed after the first item's candidate sets were stored, then again after its greedy rows were stored.
+    with pytest.raises(Killed, match="score"):
+        run_study(_config(out), progress=False, after_item=kill_at("score"))
+    assert len((out / "logprobs.jsonl").read_text().splitlines()) == 1
+    assert not (out / "scores.jsonl").exists()
+    with pytest.raises(Killed, match="greedy"):
+        run_study(_config(out, resume=True), progress=False, after_item=kill_at("greedy"))
+    assert len((out / "logprobs.jsonl").read_text().splitlines()) == 2 * LIMIT
+    assert len((out / "scores.jsonl").read_text().splitlines()) == len(CONDITIONS)
+    outcome = run_study(_config(out, resume=True), progress=False)
+    assert outcome.n_resumed == 1
+    _assert_same_rows(_rows(out), _rows(baseline))
+    assert (out / "items.jsonl").read_text() == (baseline / "items.jsonl").read_text()
+    assert json.loads((out / "summary.json").read_text()) == json.loads((baseline / "summary.json").read_text())
+
+
+def test_resume_discards_a_partial_last_line_and_an_incomplete_item(baseline, tmp_path):
+    out = tmp_path / "truncated"
+    shutil.copytree(baseline, out)
+    lines = (out / "scores.jsonl").read_text().splitlines(keepends=True)
+    n_per_item = len(CONDITIONS)
+    # One complete item, three rows of the next, then half a line: what a kill mid-write can leave.
+    assert len(lines) == 2 * n_per_item
+    kept = "".join(lines[: n_per_item + 3]) + lines[n_per_item + 3][: len(lines[n_per_item + 3]) // 2]
+    (out / "scores.jsonl").write_text(kept)
+    items_before = (out / "items.jsonl").stat().st_mtime_ns
+    outcome = run_study(_config(out, resume=True), progress=False)
+    assert outcome.n_resumed == 1
+    _assert_same_rows(_rows(out), _rows(baseline))
+    assert (out / "items.jsonl").stat().st_mtime_ns == items_before  # same config: the item set is not rewritten
+
+
+def test_resume_with_a_different_config_is_refused(baseline, tmp_path):
+    out = tmp_path / "other"
+    shutil.copytree(baseline, out)
+    with pytest.raises(ResumeConfigError, match="seed"):
+        run_study(_config(out, resume=True, seed=1), progress=False)
+    result = CliRunner().invoke(main, ["study", "--out", str(out), "--data", str(DATA), "--limit", "3", "--resume"])
+    assert result.exit_code == ResumeConfigError.exit_code
+    assert "different configuration" in result.output and "limit" in result.output
+    assert "Traceback" not in result.output
+    assert read_score_rows(out / "scores.jsonl") == read_score_rows(baseline / "scores.jsonl")  # nothing touched
+
+
+def test_model_failures_are_the_models_own_greedy_attempts(tmp_path, data_dir):
+    out = tmp_path / "on-policy"
+    outcome = run_study(_config(out, envs=("tools",), failures="model"), progress=False)
+    assert outcome.n_items == {"tools": LIMIT}
+    items = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
+    assert [i["failure_kind"] for i in items] == ["model"] * LIMIT
+    rows = {(r.item_id, r.condition): r for r in read_score_rows(out / "scores.jsonl")}
+    for item in items:
+        # The failure was sampled greedily from the before context, so decoding it again reproduces it, and
+        # retrying from the clean context (the standard remedy) repeats the failure by construction.
+        assert rows[item["item_id"], "before"].greedy.strip() == item["failed_action"].strip()
+        assert rows[item["item_id"], "before"].greedy_repeat and rows[item["item_id"], "clean_retry"].greedy_repeat
+        assert not rows[item["item_id"], "before"].greedy_success
+        assert not rows[item["item_id"], "ban"].greedy_repeat
+
+
+def test_missing_data_dir_is_a_clear_error_without_traceback(tmp_path):
+    missing = tmp_path / "no-such-data"
+    result = CliRunner().invoke(main, ["study", "--data", str(missing), "--out", str(tmp_path / "out")])
+    assert result.exit_code == DataError.exit_code
+    assert "not found" in result.output and str(missing) in result.output
+    assert "Traceback" not in result.output
+    with pytest.raises(DataError):
+        run_study(_config(tmp_path / "out2", data_dir=missing), progress=False)
+
+
+# ---------------------------------------------------------------- the store alone (no model)
+
+
+def test_append_log_keeps_only_complete_items(tmp_path):
+    log_file = AppendLog(tmp_path / "x.jsonl", group_size=lambda _id: 2)
+    log_file.append([{"item_id": "a", "v": 1}, {"item_id": "a", "v": 2}])
+    log_file.append([{"item_id": "b", "v": 1}, {"item_id": "b", "v": 2}])
+    with open(tmp_path / "x.jsonl", "a") as fh:
+        fh.write('{"item_id": "c", "v": 1}\n{"item_id": "c", "v"')
+    assert list(log_file.load()) == ["a", "b"]
+    assert (tmp_path / "x.jsonl").read_text().count("\n") == 4  # the repair was written back
+    log_file.append([{"item_id": "c", "v": 1}, {"item_id": "c", "v": 2}])
+    assert list(log_file.load()) == ["a", "b", "c"]
+
+
+def test_store_refuses_resume_with_other_settings_and_fresh_runs_clear_results(tmp_path):
+    store = StudyStore(tmp_path)
+    assert store.start({"seed": 0}, resume=False) is False
+    store.scores(8).append([{"item_id": "a"}])
+    with pytest.raises(ResumeConfigError, match="seed: was 0, now 1"):
+        store.start({"seed": 1}, resume=True)
+    assert store.start({"seed": 0}, resume=True) is True
+    assert (tmp_path / "scores.jsonl").exists()
+    assert store.start({"seed": 0}, resume=False) is False
+    assert not (tmp_path / "scores.jsonl").exists()
