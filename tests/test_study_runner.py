@@ -193,6 +193,28 @@ def test_model_failures_are_the_models_own_greedy_attempts(tmp_path, data_dir):
         assert not rows[item["item_id"], "ban"].greedy_repeat
 
 
+def test_an_item_too_long_for_the_model_is_recorded_and_the_run_goes_on(tmp_path, data_dir):
+    from fastscore.session import open_scorer
+    from fastscore.study import tools_env
+    from fastscore.study.runner import skipped_counts
+    from fastscore.study.runner_stages import greedy_stage, score_stage
+
+    item = tools_env.build_items(data_dir, 1, SEED)[0][0]
+    huge = replace(item, item_id=item.item_id + ":huge", task=item.task + " please" * 5000)
+    store = StudyStore(tmp_path)
+    store.start({"test": 1}, resume=False)
+    envs = {"tools": tools_env}
+    with open_scorer("smollm2-135m-instruct", "llamacpp", "q4_1", n_threads=2, progress=False) as scorer:
+        score_stage(store, scorer, envs, [huge, item], progress=False)
+        greedy_stage(store, scorer, envs, [huge, item], data_dir, lambda env: MAX_NEW, progress=False)
+    errors = store.item_errors().load()
+    assert list(errors) == [huge.item_id]
+    assert errors[huge.item_id][0]["reason"] == "context too long for the model"
+    assert "longer than the backend's context" in errors[huge.item_id][0]["detail"]
+    assert {r.item_id for r in read_score_rows(tmp_path / "scores.jsonl")} == {item.item_id}
+    assert skipped_counts([], [r for rs in errors.values() for r in rs]) == {"tools": {"context too long for the model": 1}}
+
+
 def test_missing_data_dir_is_a_clear_error_without_traceback(tmp_path):
     missing = tmp_path / "no-such-data"
     result = CliRunner().invoke(main, ["study", "--data", str(missing), "--out", str(tmp_path / "out")])

@@ -32,9 +32,10 @@ from fastscore.study.store import SCORES_FILE, StudyStore
 log = logging.getLogger(__name__)
 
 FAILURE_SOURCES = ("seeded", "model")
-# Items per env of `make study`: measured so that both envs, all conditions and greedy decoding finish in about
-# ten minutes on the 2-core study machine (see the README's timing table).
-DEFAULT_LIMIT = 30
+# Items per env of `make study`, sized so both envs, all conditions and greedy decoding finish in about ten minutes
+# on 2 cores: a 25-per-env run scored 50 items in 5.3 min and greedy-decoded 25 of them in 12 min (machine shared
+# with other jobs); greedy decoding dominates. The run prints its measured time.
+DEFAULT_LIMIT = 8
 # Greedy token caps. A tool call is one short line; a program needs room for a function body and its fences. Each
 # item decodes at most twice its longest candidate (runner_stages.greedy_budget), so the caps rarely bind; they
 # are also the length of the model's own attempt under --failures model.
