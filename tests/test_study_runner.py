@@ -212,7 +212,8 @@ def test_an_item_too_long_for_the_model_is_recorded_and_the_run_goes_on(tmp_path
     assert errors[huge.item_id][0]["reason"] == "context too long for the model"
     assert "longer than the backend's context" in errors[huge.item_id][0]["detail"]
     assert {r.item_id for r in read_score_rows(tmp_path / "scores.jsonl")} == {item.item_id}
-    assert skipped_counts([], [r for rs in errors.values() for r in rs]) == {"tools": {"context too long for the model": 1}}
+    counts = skipped_counts([], [r for rs in errors.values() for r in rs])
+    assert counts == {"tools": {"context too long for the model": 1}}
 
 
 def test_missing_data_dir_is_a_clear_error_without_traceback(tmp_path):

@@ -79,7 +79,9 @@ def as_messages(messages: Sequence[Message | Mapping[str, str]]) -> tuple[Messag
     return tuple(m if isinstance(m, Message) else Message(role=m["role"], content=m["content"]) for m in messages)
 
 
-def render_conditions(item: Item, env: StudyEnv, conditions: Sequence[str] = CONDITIONS) -> tuple[ConditionContext, ...]:
+def render_conditions(
+    item: Item, env: StudyEnv, conditions: Sequence[str] = CONDITIONS
+) -> tuple[ConditionContext, ...]:
     """The contexts of `item` under each condition, in `conditions` order."""
     context = as_messages(env.context_messages(item))
     records = {kind: as_messages(env.record_messages(item, kind)) for kind in RECORD_CONDITIONS}

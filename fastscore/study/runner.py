@@ -1,9 +1,10 @@
 """Run the study end to end: build items, score every condition's candidate set, decode greedily, summarise, report.
 
 Each stage shows a progress bar with ETA and is timed. Work is persisted per item (see store.py), so a killed run
-resumes with `resume=True` where it stopped. Many items go into one scorer call so the engine shares the common
-prefixes of their conditions and candidates; identical requests of one item (clean_retry renders to before's
-messages, ban scores after's candidate set) are sent once.
+resumes with `resume=True` where it stopped. Several items go into one scorer call so the engine shares the common
+prefixes of all their conditions and candidates; identical requests of one item (clean_retry renders to before's
+messages, ban scores after's candidate set) are sent once. Calls hold fixed chunks of the item list, so a resumed
+run makes exactly the calls an uninterrupted one makes and reproduces its numbers.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ log = logging.getLogger(__name__)
 
 FAILURE_SOURCES = ("seeded", "model")
 # Items per env of `make study`, sized so both envs, all conditions and greedy decoding finish in about ten minutes
-# on 2 cores: a 25-per-env run scored 50 items in 5.3 min and greedy-decoded 25 of them in 12 min (machine shared
-# with other jobs); greedy decoding dominates. The run prints its measured time.
-DEFAULT_LIMIT = 8
+# on the 2-core study machine. Measured with nothing else running: 20 per env took 512 s (scoring 248 s, greedy
+# 259 s), 8 per env 205 s. Other jobs on the same 2 cores slow it roughly threefold (8 per env took 655 s then).
+# The run prints its measured time.
+DEFAULT_LIMIT = 20
 # Greedy token caps. A tool call is one short line; a program needs room for a function body and its fences. Each
 # item decodes at most twice its longest candidate (runner_stages.greedy_budget), so the caps rarely bind; they
 # are also the length of the model's own attempt under --failures model.
@@ -135,7 +137,8 @@ def _build_items(config: StudyConfig, envs: dict, scorer, progress: bool) -> tup
         if config.failures == "seeded":
             built, passed_over = env.build_items(Path(config.data_dir), config.limit, config.seed)
         else:
-            builder = ModelFailureBuilder(name, env, scorer, Path(config.data_dir), config.seed, config.new_tokens(name))
+            builder = ModelFailureBuilder(name, env, scorer, Path(config.data_dir), config.seed,
+                                          config.new_tokens(name))
             built, passed_over = builder.build(config.limit, progress)
         if len({item.item_id for item in built}) != len(built):
             raise DataError(f"{name}: the environment built items with duplicate ids")

@@ -123,8 +123,8 @@ def score_stage(store: StudyStore, scorer, envs: dict, items: Sequence[Item], *,
             contexts = {item.item_id: render_conditions(item, envs[item.env]) for item in members}
             stands_for = {i: distinct(c, lambda x: x.messages) for i, c in contexts.items()}
             by_id = {item.item_id: item for item in members}
-            requests = {i: [c.candidate_set(by_id[i].candidates) for c in cs if stands_for[i][c.condition] == c.condition]
-                        for i, cs in contexts.items()}
+            requests = {i: [c.candidate_set(by_id[i].candidates) for c in cs
+                            if stands_for[i][c.condition] == c.condition] for i, cs in contexts.items()}
             results, failed = call_isolating(scorer.score_candidates, requests, lambda r: r.id)
             for item in members:
                 if item.item_id in done:

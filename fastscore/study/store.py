@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -40,15 +39,16 @@ RUN_FILES = (LOGPROBS_FILE, SCORES_FILE, ITEM_ERRORS_FILE, SUMMARY_FILE)
 
 def write_atomic(path: Path, text: str) -> None:
     """Replace `path` with `text` so that a reader never sees a half-written file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    # Our own temporary name rather than mkstemp, whose files are private (0600): results are meant to be shared.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
