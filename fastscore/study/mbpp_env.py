@@ -11,7 +11,6 @@ item does not depend on which other tasks are in the study.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
 import re
@@ -25,6 +24,7 @@ from typing import TypeVar
 from tqdm import tqdm
 
 from fastscore.errors import DataError
+from fastscore.study.datafile import read_json_objects
 from fastscore.study.items import Item, Skipped
 from fastscore.study.mbpp_describe import describe_failure
 from fastscore.study.mbpp_mutations import Mutant, seeded_mutants
@@ -121,20 +121,8 @@ def _source_from_json(raw: object, path: Path, line_no: int) -> MbppSource:
 def load_sources(data_dir: Path) -> list[MbppSource]:
     """Read data_dir/mbpp.jsonl; a missing file or a malformed line raises DataError naming the path and line."""
     path = Path(data_dir) / DATA_FILE
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise DataError(f"{path}: MBPP data file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot read MBPP data: {exc}") from exc
     sources, seen = [], set()
-    for line_no, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}: line {line_no}: invalid JSON: {exc.msg}") from None
+    for line_no, raw in read_json_objects(path):
         source = _source_from_json(raw, path, line_no)
         if source.task_id in seen:
             raise DataError(f"{path}: line {line_no}: duplicate task_id {source.task_id}")

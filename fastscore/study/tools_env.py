@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fastscore.errors import DataError
+from fastscore.study.datafile import read_json_objects
 from fastscore.study.items import Item, Skipped
 from fastscore.study.tool_answers import GroundTruthError, canonical_call, match_answer
 from fastscore.study.tool_describe import describe_failure
@@ -61,20 +62,10 @@ class _Unusable(Exception):
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    records = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}: line {number}: invalid JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("id"), str):
-                raise DataError(f"{path}: line {number}: expected a JSON object with a string 'id'")
-            records.append((number, record))
+    records = read_json_objects(path)
+    for number, record in records:
+        if not isinstance(record.get("id"), str):
+            raise DataError(f"{path}: line {number}: expected a JSON object with a string 'id'")
     return records
 
 
