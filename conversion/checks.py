@@ -112,7 +112,9 @@ def probe_requests(tokenizer_dir: Path) -> list[TokenRequest]:
 # The checks measure the weights alone. llama.cpp's defaults move log-probs on the 135M model by themselves (measured
 # on the f32 GGUF, max over the probe): f16 KV cache 0.013 nats, CPU flash attention 0.016 nats, both several times
 # the f32 tolerance; with an f32 cache and no flash attention the f32 GGUF matches torch to 3e-5.
-CHECK_BACKEND_OPTIONS: dict[str, dict] = {"llamacpp": {"kv_type": "f32", "flash_attn": "off", "progress": False}}
+CHECK_BACKEND_OPTIONS: dict[str, dict] = {
+    "llamacpp": {"kv_type": "f32", "flash_attn": "off", "decode_flash_attn": "off", "progress": False},
+}
 
 
 def score(backend_name: str, path: Path, requests: list[TokenRequest]) -> np.ndarray:

@@ -32,6 +32,8 @@ TEXT = (
     "The corrective gain of a failure record: how much more likely a small model is to re-emit the action "
     "that just failed.\ndef add(a, b):\n    return a + b\n"
 )
+# Exact arithmetic for scoring and decoding alike (decoding defaults to flash attention).
+EXACT = {"kv_type": "f32", "flash_attn": "off", "decode_flash_attn": "off"}
 CONTINUATIONS = [" It prints 5.", " An error is raised.", " The function returns the sum.", " Nothing happens."]
 
 
@@ -48,7 +50,7 @@ def f32_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def f32(f32_path):
-    with LlamaCppBackend(f32_path, n_ctx=1024, n_seq_max=64, kv_type="f32", flash_attn="off") as backend:
+    with LlamaCppBackend(f32_path, n_ctx=1024, n_seq_max=64, **EXACT) as backend:
         yield backend
 
 
@@ -125,7 +127,7 @@ def test_logprob_rows_gather_to_score_tokens(f32):
 def test_results_do_not_depend_on_batch_size_or_order(f32, f32_path):
     reqs = requests_for(f32)
     big = f32.score_tokens(reqs)
-    with LlamaCppBackend(f32_path, n_ctx=256, n_seq_max=3, kv_type="f32", flash_attn="off") as small:
+    with LlamaCppBackend(f32_path, n_ctx=256, n_seq_max=3, **EXACT) as small:
         order = list(reversed(range(len(reqs))))
         got = small.score_tokens([reqs[i] for i in order])
         assert small.stats.forward_calls > 1  # really split into several packs
@@ -134,6 +136,22 @@ def test_results_do_not_depend_on_batch_size_or_order(f32, f32_path):
             reordered[i] = got[k]
     worst, _ = max_mean_diff(big, reordered)
     print(f"\nf32: n_ctx 1024 vs 256 with 3 sequences per pack, reversed order: max |d logprob| = {worst:.2e}")
+    assert worst <= 1e-4
+
+
+def test_group_budget_splits_the_trie_without_changing_results(f32, f32_path):
+    reqs = requests_for(f32)
+    longest = max(len(r.tokens) for r in reqs)
+    big = f32.score_tokens(reqs)
+    with LlamaCppBackend(f32_path, n_ctx=1024, n_seq_max=64, max_group_tokens=1, **EXACT) as tight:
+        tight.stats.reset()
+        got = tight.score_tokens(reqs)
+        # A budget below the longest request is raised to it: every request still fits one group.
+        assert 1 < tight.stats.forward_calls <= len(reqs)
+        assert tight.stats.computed_tokens > tight.stats.trie_minimal_tokens  # shared prefixes recomputed
+        assert tight.stats.computed_tokens <= longest * tight.stats.forward_calls
+    worst, _ = max_mean_diff(big, got)
+    print(f"\nf32: one group vs groups of <= {longest} tokens: max |d logprob| = {worst:.2e}")
     assert worst <= 1e-4
 
 
@@ -208,7 +226,7 @@ def test_decoder_agrees_with_rescoring_and_with_one_at_a_time(f32):
 
 
 def test_decoder_with_more_contexts_than_sequences(f32, f32_path):
-    with LlamaCppBackend(f32_path, n_ctx=512, n_seq_max=3, kv_type="f32", flash_attn="off") as backend:
+    with LlamaCppBackend(f32_path, n_ctx=512, n_seq_max=3, **EXACT) as backend:
         contexts = decode_contexts(backend)
         calls = backend.stats.forward_calls
         out = greedy(backend.decoder(max_new_tokens=3), contexts, 3)

@@ -53,7 +53,8 @@ MIN_ARGMAX_AGREEMENT = 2 / 3
 
 # One thread each: on a busy 2-core machine extra threads wait at barriers and slow every backend several-fold;
 # the arithmetic does not depend on the thread count.
-EXACT_LLAMACPP = {"kv_type": "f32", "flash_attn": "off", "progress": False, "n_threads": 1}
+EXACT_LLAMACPP = {"kv_type": "f32", "flash_attn": "off", "decode_flash_attn": "off", "progress": False,
+                  "n_threads": 1}
 VARIANTS = {  # label -> (backend, quant, backend options)
     "reference": ("reference", "fp32", {"n_threads": 1}),
     "llamacpp-f32": ("llamacpp", "f32", EXACT_LLAMACPP),

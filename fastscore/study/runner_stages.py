@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -215,7 +216,8 @@ def greedy_stage(store: StudyStore, scorer, envs: dict, items: Sequence[Item], d
     """Decode every condition greedily and append each item's complete ScoreRows to scores.jsonl.
 
     Decoder calls hold fixed chunks of each environment's scored items (as in score_stage), one call per distinct
-    token budget (greedy_budget) in a chunk, so an item's completions depend only on the item.
+    token budget (greedy_budget) in a chunk, so an item's completions depend only on the item. An on-policy item's
+    `before` completion is the model's own attempt it was built from (see own_attempt), not decoded again.
     """
     lp = store.logprobs().load()
     err_log = store.item_errors()
@@ -237,8 +239,10 @@ def greedy_stage(store: StudyStore, scorer, envs: dict, items: Sequence[Item], d
                 budgets = {i: greedy_budget(new_tokens(env), lp[i][0]) for i in contexts}
                 results: dict[str, list[GreedyResult]] = {}
                 failed: dict[str, Exception] = {}
+                attempts = {item.item_id: own_attempt(item) for item in members}
                 for budget in sorted(set(budgets.values())):
-                    requests = {i: [c.greedy_request() for c in cs if stands_for[i][c.condition] == c.condition]
+                    requests = {i: [c.greedy_request() for c in cs if stands_for[i][c.condition] == c.condition
+                                    and not (c.condition == "before" and attempts[i] is not None)]
                                 for i, cs in contexts.items() if budgets[i] == budget}
                     decode = lambda reqs, n=budget: scorer.greedy(reqs, max_new_tokens=n)  # noqa: E731
                     ok, bad = call_isolating(decode, requests, lambda r: r.id)
@@ -251,6 +255,8 @@ def greedy_stage(store: StudyStore, scorer, envs: dict, items: Sequence[Item], d
                         err_log.append([_error_record(item, "greedy", failed[item.item_id])])
                     else:
                         by_cond = {r.id.rsplit("::", 1)[1]: r for r in results[item.item_id]}
+                        if attempts[item.item_id] is not None:
+                            by_cond["before"] = attempts[item.item_id]
                         greedy = {c: by_cond[rep] for c, rep in stands_for[item.item_id].items()}
                         rows = score_rows(item, lp[item.item_id][0], greedy, evaluate)
                         scores_log.append([row.to_dict() for row in rows])
@@ -260,6 +266,23 @@ def greedy_stage(store: StudyStore, scorer, envs: dict, items: Sequence[Item], d
 
 
 # ---------------------------------------------------------------- on-policy failures
+
+
+def attempt_record(result: GreedyResult) -> dict[str, Any]:
+    return {"text": result.text, "token_ids": list(result.token_ids), "stopped_by": result.stopped_by}
+
+
+def own_attempt(item: Item) -> GreedyResult | None:
+    """The greedy attempt an on-policy item was built from, as the `before` condition's completion.
+
+    Its context is exactly `before`, so decoding it again must give the same text, except that quantised llama.cpp
+    arithmetic depends on what else shares the batch (the second decode differed from the first on real items).
+    """
+    attempt = item.meta.get("attempt") if item.failure_kind == "model" else None
+    if attempt is None:
+        return None
+    return GreedyResult(id=f"{item.item_id}::before", text=attempt["text"], token_ids=tuple(attempt["token_ids"]),
+                        stopped_by=attempt["stopped_by"])
 
 
 class ModelFailureBuilder:
@@ -317,8 +340,9 @@ class ModelFailureBuilder:
                 yield None
             else:
                 try:
-                    yield self.env.item_from_failure(self.evaluate.source(self.name, item.source_id), text,
-                                                           outcome, self.seed)
+                    made = self.env.item_from_failure(self.evaluate.source(self.name, item.source_id), text,
+                                                      outcome, self.seed)
+                    yield replace(made, meta={**made.meta, "attempt": attempt_record(results[item.item_id][0])})
                 except ValueError as exc:
                     skipped.append(Skipped(self.name, item.source_id, f"no item from the model's attempt: {exc}"))
                     yield None
