@@ -159,6 +159,24 @@ def test_group_sharing_only_a_system_prompt(onnx_fp32):
     assert _max_diff(grouped, alone) <= EXACT_TOL
 
 
+def test_consecutive_groups_reuse_the_past_of_their_shared_opening(onnx_fp32):
+    """Two contexts (3 candidates each) sharing a 60-token opening: the opening runs once, though they are two
+    groups; every request scores as it does alone."""
+    rng = np.random.default_rng(7)
+    opening = rng.integers(0, 49152, 60).tolist()
+    requests = []
+    for tail in (30, 35):
+        context = opening + rng.integers(0, 49152, tail).tolist()
+        requests += [TokenRequest(tuple(context + rng.integers(0, 49152, 6).tolist()), len(context)) for _ in range(3)]
+    assert len(plan_groups([r.tokens for r in requests])) == 2
+    onnx_fp32.stats.reset()
+    grouped = onnx_fp32.score_tokens(requests)
+    stats = onnx_fp32.stats
+    assert stats.computed_tokens == stats.trie_minimal_tokens == 60 + 30 + 35 + 6 * 6
+    alone = [onnx_fp32.score_tokens([r])[0] for r in requests]
+    assert _max_diff(grouped, alone) <= EXACT_TOL
+
+
 def test_continuation_batches_avoid_padding(onnx_fp32):
     """Similar lengths share a batch; a much longer continuation runs apart rather than pad the others."""
     prefix = tuple(range(10, 30))

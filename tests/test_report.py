@@ -22,11 +22,11 @@ META = {
 }
 
 
-def study_rows(shift: float, n: int = 25, seed: int = 0) -> list[ScoreRow]:
+def study_rows(shift: float, n: int = 25, seed: int = 0, clean_retry: float = 1.2) -> list[ScoreRow]:
     """Every condition for two envs; `shift` is how much the failure record raises the failed action's lp."""
     rng = np.random.default_rng(seed)
     offsets = {"before": 0.0, "after": shift, "success": 0.8 * shift, "neutral": 0.7 * shift,
-               "description": 0.2 * shift, "dont_repeat": shift, "clean_retry": 1.2 * shift}
+               "description": 0.2 * shift, "dont_repeat": shift, "clean_retry": clean_retry * shift}
     rows = []
     for env in ("tools", "mbpp"):
         for i in range(n):
@@ -94,6 +94,16 @@ def test_reading_follows_the_sign_of_the_data(backfire, tmp_path):
     text = write_report(corrected, tmp_path, {}).read_text()
     assert "is positive" in text and "made the repeat less likely" in text
     assert "there is no inversion to remove" in text
+
+
+def test_the_largest_remedy_is_not_one_that_equals_before_by_construction(tmp_path):
+    # As in a real run: clean_retry shows `before`'s messages, so its G is before's own (no offset here).
+    summary = summarize(study_rows(shift=3.0, clean_retry=0.0), seed=0, n_boot=200)
+    text = write_report(summary, tmp_path, {}).read_text()
+    reading = next(line for line in text.splitlines() if line.startswith("- Share of the inversion removed"))
+    assert re.search(r"clean_retry \d+% \(by construction\)", reading)
+    assert reading.endswith("the largest is description.")
+    assert "removed by construction" in text  # the remedy table's note
 
 
 def test_report_and_plots_survive_missing_conditions_and_meta(tmp_path):

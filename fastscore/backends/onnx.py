@@ -1,9 +1,10 @@
 """ONNX Runtime backend: each shared prefix runs once, then all its continuations in one batch on its past.
 
 Requests are sorted by their tokens so that those sharing a prefix (the K candidates of one context) are adjacent;
-a greedy cost model cuts the sorted list into groups. A group's longest common prefix runs once with an empty past;
-its continuations then run right-padded in batches on that past repeated along the batch axis (right padding needs no
-care beyond the attention mask: causal attention never lets a real token see a later pad).
+a greedy cost model cuts the sorted list into groups. A group's longest common prefix runs once, on the past of
+whatever it shares with the previous group's prefix (sorted groups of one item's conditions share its system prompt
+and task); its continuations then run right-padded in batches on that past repeated along the batch axis (right
+padding needs no care beyond the attention mask: causal attention never lets a real token see a later pad).
 """
 
 from __future__ import annotations
@@ -32,6 +33,26 @@ CHUNK_OVERHEAD_TOKENS = 8
 DEFAULT_PREFIX_CHUNK = 1024
 
 
+class PrefixCache:
+    """The previous group's prefix and its past, so the next group runs only what it does not share with it."""
+
+    def __init__(self) -> None:
+        self.tokens: tuple[int, ...] = ()
+        self.past: list[np.ndarray] | None = None
+
+    def reusable(self, tokens: Sequence[int], logits_from: int) -> int:
+        """Leading tokens whose past can be reused: shared with the cached prefix and needing no logits row."""
+        if self.past is None:
+            return 0
+        return min(common_prefix_len(self.tokens, tokens), logits_from)
+
+    def past_of(self, n_tokens: int) -> list[np.ndarray]:
+        return [np.ascontiguousarray(p[:, :, :n_tokens]) for p in self.past]
+
+    def keep(self, tokens: Sequence[int], past: list[np.ndarray] | None) -> None:
+        self.tokens, self.past = tuple(tokens), past
+
+
 @dataclass(frozen=True)
 class Group:
     """Requests (indices) that share their first `prefix_len` tokens; each has at least one token after it."""
@@ -54,7 +75,8 @@ def plan_groups(sequences: Sequence[Sequence[int]]) -> list[Group]:
 
     A group of one runs whole. A group of B runs its prefix P once plus B continuations padded to the longest:
     cost P + B * max(len - P). Requests join the current group (in sorted order) while that is no dearer than
-    running the newcomer alone.
+    starting a new group with the newcomer, which costs one more session call and runs only what it does not share
+    with the current group's prefix (the PrefixCache keeps that past).
     """
     order = sorted(range(len(sequences)), key=lambda i: tuple(sequences[i]))
     groups: list[Group] = []
@@ -69,7 +91,7 @@ def plan_groups(sequences: Sequence[Sequence[int]]) -> list[Group]:
         shared = min(shared, length - 1, *(len(sequences[m]) - 1 for m in members))
         current = _group_cost(sequences, members, prefix)
         joined = _group_cost(sequences, [*members, index], shared)
-        if joined <= current + length:
+        if joined <= current + length - shared + CHUNK_OVERHEAD_TOKENS:
             members.append(index)
             prefix = shared
         else:
@@ -143,9 +165,10 @@ class OnnxBackend(Backend):
         else:
             groups = [Group((i,), len(s)) for i, s in enumerate(sequences)]
         results: list = [None] * len(requests)
+        cache = PrefixCache() if self.share_prefixes else None
         with tqdm(total=len(requests), desc="onnx scoring", unit="req", disable=None, leave=False) as bar:
             for group in groups:
-                for index, rows in self._group_logits(requests, group):
+                for index, rows in self._group_logits(requests, group, cache):
                     results[index] = reduce(requests[index], rows)
                 bar.update(len(group.members))
         return results
@@ -154,12 +177,12 @@ class OnnxBackend(Backend):
         logprobs, is_argmax = gather_logprobs(logits_rows, np.asarray(request.tokens[request.score_from :]))
         return TokenScores(logprobs=logprobs, is_argmax=is_argmax)
 
-    def _group_logits(self, requests: Sequence[TokenRequest], group: Group):
+    def _group_logits(self, requests: Sequence[TokenRequest], group: Group, cache: PrefixCache | None = None):
         """Yield (request index, logits rows predicting its scored tokens [n_scored, V])."""
         prefix_len = group.prefix_len
         first_row = min(requests[m].score_from for m in group.members) - 1
         anchor = requests[group.members[0]].tokens
-        prefix_logits, past = self._run_prefix(anchor[:prefix_len], min(first_row, prefix_len))
+        prefix_logits, past = self._run_prefix(anchor[:prefix_len], min(first_row, prefix_len), cache)
         if len(group.members) == 1:
             yield group.members[0], prefix_logits[: len(anchor) - 1 - first_row]
             return
@@ -167,11 +190,15 @@ class OnnxBackend(Backend):
         for chunk in self._chunks(requests, by_length, prefix_len):
             yield from self._run_continuations(requests, chunk, prefix_len, first_row, prefix_logits, past)
 
-    def _run_prefix(self, tokens: Sequence[int], logits_from: int) -> tuple[np.ndarray, list[np.ndarray] | None]:
-        """Run tokens with an empty past in pieces; logits of positions >= logits_from, and the past of all tokens."""
+    def _run_prefix(self, tokens: Sequence[int], logits_from: int, cache: PrefixCache | None = None
+                    ) -> tuple[np.ndarray, list[np.ndarray] | None]:
+        """Run tokens in pieces, after what `cache` already holds of them; logits of positions >= logits_from, and
+        the past of all tokens."""
         if not tokens:
             return np.zeros((0, self.n_vocab), dtype=np.float32), None
-        pieces, past, done = [], None, 0
+        done = cache.reusable(tokens, logits_from) if cache is not None else 0
+        past = cache.past_of(done) if done else None
+        pieces = [np.zeros((0, self.n_vocab), dtype=np.float32)]
         while done < len(tokens):
             piece = tokens[done : done + self.prefix_chunk]
             start = min(max(logits_from - done, 0), len(piece))
@@ -179,6 +206,8 @@ class OnnxBackend(Backend):
             self._count(len(piece))
             pieces.append(logits)
             done += len(piece)
+        if cache is not None:
+            cache.keep(tokens, past)
         return np.concatenate(pieces, axis=0), past
 
     def _chunks(self, requests, members: list[int], prefix_len: int) -> list[list[int]]:

@@ -34,7 +34,7 @@ from fastscore.study.metrics_stats import (  # re-exported: the maths is part of
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "CI_LEVEL", "CONDITIONS", "ENVS", "GAIN_CONDITIONS", "GAIN_UNDEFINED", "REFERENCE", "REMEDIES",
+    "CI_LEVEL", "CONDITIONS", "ENVS", "GAIN_CONDITIONS", "GAIN_UNDEFINED", "REFERENCE", "REMEDIES", "SAME_AS_REFERENCE",
     "EnvTable", "Estimate", "ScoreRow", "assert_json_safe", "bootstrap_ci", "bootstrap_means", "build_tables",
     "candidate_probabilities", "corrective_gain", "odds_factor", "present_count", "ratio_ci", "read_score_rows",
     "resample_indices", "share_removed", "summarize", "write_score_rows",
@@ -47,6 +47,9 @@ REMEDIES = ("description", "dont_repeat", "clean_retry")
 # The decoder ban makes the failed string unreachable: its lp is -inf by construction, so G is undefined.
 GAIN_UNDEFINED = {"ban": "the decoder ban makes the failed action unreachable (lp = -inf by construction)"}
 GAIN_CONDITIONS = tuple(c for c in CONDITIONS if c != REFERENCE and c not in GAIN_UNDEFINED)
+# Remedies whose messages are the reference's own: G = 0 and the whole inversion "removed" by construction.
+SAME_AS_REFERENCE = {"clean_retry": "its messages are exactly `before`'s (the record is deleted), so G = 0 and the "
+                                    "inversion is removed by construction; only its greedy columns say anything"}
 GAIN_METRICS = ("gain", "gain_per_token", "odds_factor", "share_negative")
 ROW_METRICS = ("p_repeat", "p_repeat_norm", "greedy_repeat", "greedy_success", "banned_mass")
 

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from fastscore.study.metrics import CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES
+from fastscore.study.metrics import CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES, SAME_AS_REFERENCE
 from fastscore.study.plots import PLOT_FILES, PLOT_TITLES
 
 log = logging.getLogger(__name__)
@@ -170,6 +170,7 @@ def _remedy_table(remedies: dict[str, Any], conditions: dict[str, Any]) -> str:
     header = ["remedy", "G(remedy)", "G(after), same items", "share of inversion removed",
               "P(repeat)", "greedy repro", "greedy success", "banned mass"]
     notes = [f"G is not applicable to `{c}`: {reason}." for c, reason in GAIN_UNDEFINED.items() if c in remedies]
+    notes += [f"`{c}`: {why}." for c, why in SAME_AS_REFERENCE.items() if c in remedies]
     notes.append("Share of the inversion removed = 1 - mean G(remedy) / mean G(after) on the items having both: "
                  "1 removes it, 0 leaves it, below 0 makes it worse.")
     return _table(header, rows) + "\n\n" + " ".join(notes)
@@ -215,9 +216,14 @@ def _reading(summary: dict[str, Any]) -> str:
         if after["gain"]["mean"] >= 0:
             lines.append("G(after) is not negative here, so there is no inversion to remove; the remedy shares "
                          "only compare gains.")
-        best = max(shares, key=lambda r: shares[r]["mean"])
-        parts = [f"{r} {100 * s['mean']:.0f}%{' (unstable)' if s.get('unstable') else ''}" for r, s in shares.items()]
-        lines.append("Share of the inversion removed: " + ", ".join(parts) + f"; the largest is {best}.")
+        parts = [f"{r} {100 * s['mean']:.0f}%{' (unstable)' if s.get('unstable') else ''}"
+                 + (" (by construction)" if r in SAME_AS_REFERENCE else "") for r, s in shares.items()]
+        informative = [r for r in shares if r not in SAME_AS_REFERENCE]
+        best = ""
+        if informative:
+            best = f"; of the remedies that change the messages the largest is " \
+                   f"{max(informative, key=lambda r: shares[r]['mean'])}"
+        lines.append("Share of the inversion removed: " + ", ".join(parts) + best + ".")
     for cond in GAIN_UNDEFINED:
         if "p_repeat" in conds.get(cond, {}):
             lines.append(f"Under `{cond}` G is not defined; P(repeat) is {_num(conds[cond]['p_repeat']['mean'])}.")
