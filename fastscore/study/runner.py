@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 
 FAILURE_SOURCES = ("seeded", "model")
 # Items per env of `make study`, sized so both envs, all conditions and greedy decoding finish in about ten minutes
-# on the 2-core study machine. Measured with nothing else running: 20 per env took 512 s (scoring 248 s, greedy
-# 259 s), 8 per env 205 s. Other jobs on the same 2 cores slow it roughly threefold (8 per env took 655 s then).
+# on the 2-core study machine. Measured with nothing else running: 20 per env took 466 s (scoring 217 s, greedy
+# 242 s; 512 s before the scorer's group budget), 8 per env 205 s. Other jobs on the same 2 cores slow it roughly
+# threefold (8 per env took 655 s then).
 # The run prints its measured time.
 DEFAULT_LIMIT = 20
 # Greedy token caps. A tool call is one short line; a program needs room for a function body and its fences. Each
