@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastscore.errors import DataError
 from fastscore.records import CandidateSet, GreedyRequest, Message
@@ -65,13 +65,23 @@ class ConditionContext:
 
     @property
     def request_id(self) -> str:
-        return f"{self.item_id}::{self.condition}"
+        return condition_request_id(self.item_id, self.condition)
 
     def candidate_set(self, candidates: tuple[str, ...]) -> CandidateSet:
         return CandidateSet(id=self.request_id, messages=self.messages, candidates=candidates)
 
     def greedy_request(self) -> GreedyRequest:
         return GreedyRequest(id=self.request_id, messages=self.messages, banned=self.banned)
+
+
+def condition_request_id(item_id: str, condition: str) -> str:
+    """The id of an item's request under a condition; by_condition reads the condition back."""
+    return f"{item_id}::{condition}"
+
+
+def by_condition(results: Sequence[Any]) -> dict[str, Any]:
+    """Results (anything with an `id` made by condition_request_id) keyed by their condition."""
+    return {r.id.rsplit("::", 1)[1]: r for r in results}
 
 
 def as_messages(messages: Sequence[Message | Mapping[str, str]]) -> tuple[Message, ...]:

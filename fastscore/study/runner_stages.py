@@ -17,7 +17,14 @@ from tqdm import tqdm
 
 from fastscore.errors import ContextTooLongError, RequestError, TokenizationError
 from fastscore.records import CandidateSetResult, GreedyRequest, GreedyResult
-from fastscore.study.conditions import ConditionContext, as_messages, banned_candidate_lp, render_conditions
+from fastscore.study.conditions import (
+    ConditionContext,
+    as_messages,
+    banned_candidate_lp,
+    by_condition,
+    condition_request_id,
+    render_conditions,
+)
 from fastscore.study.items import Item, Skipped
 from fastscore.study.metrics import CONDITIONS, ScoreRow, candidate_probabilities
 from fastscore.study.store import StudyStore
@@ -133,7 +140,7 @@ def score_stage(store: StudyStore, scorer, envs: dict, items: Sequence[Item], *,
                 if item.item_id in failed:
                     err_log.append([_error_record(item, "score", failed[item.item_id])])
                 else:
-                    by_cond = {r.id.rsplit("::", 1)[1]: r for r in results[item.item_id]}
+                    by_cond = by_condition(results[item.item_id])
                     conds = {c: _set_record(by_cond[rep]) for c, rep in stands_for[item.item_id].items()}
                     lp_log.append([{"item_id": item.item_id, "env": item.env, "conditions": conds}])
                 bar.update(1)
@@ -254,7 +261,7 @@ def greedy_stage(store: StudyStore, scorer, envs: dict, items: Sequence[Item], d
                     if item.item_id in failed:
                         err_log.append([_error_record(item, "greedy", failed[item.item_id])])
                     else:
-                        by_cond = {r.id.rsplit("::", 1)[1]: r for r in results[item.item_id]}
+                        by_cond = by_condition(results[item.item_id])
                         if attempts[item.item_id] is not None:
                             by_cond["before"] = attempts[item.item_id]
                         greedy = {c: by_cond[rep] for c, rep in stands_for[item.item_id].items()}
@@ -281,8 +288,8 @@ def own_attempt(item: Item) -> GreedyResult | None:
     attempt = item.meta.get("attempt") if item.failure_kind == "model" else None
     if attempt is None:
         return None
-    return GreedyResult(id=f"{item.item_id}::before", text=attempt["text"], token_ids=tuple(attempt["token_ids"]),
-                        stopped_by=attempt["stopped_by"])
+    return GreedyResult(id=condition_request_id(item.item_id, "before"), text=attempt["text"],
+                        token_ids=tuple(attempt["token_ids"]), stopped_by=attempt["stopped_by"])
 
 
 class ModelFailureBuilder:
