@@ -190,7 +190,7 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
 @_friendly
 def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot) -> None:
     """Score the same study items under every quantised variant and compare each with the fp32 reference."""
-    from fastscore.quantcheck import DEFAULT_VARIANTS, QuantCheckConfig, parse_variants, run_quant_check
+    from fastscore.study.quantcheck.run import DEFAULT_VARIANTS, QuantCheckConfig, parse_variants, run_quant_check
     from fastscore.registry import default_model
 
     config = QuantCheckConfig(

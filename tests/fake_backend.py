@@ -18,7 +18,7 @@ from fastscore.backends.base import Backend, Decoder
 from fastscore.errors import BackendError, ContextTooLongError
 from fastscore.mathops import gather_logprobs
 from fastscore.records import TokenRequest, TokenScores
-from fastscore.trie_plan import Batch, PlanDecoder, ScoringPlan, run_scoring
+from fastscore.engine.plan import Batch, PlanDecoder, ScoringPlan, run_scoring
 
 _MASK = (1 << 64) - 1
 ROOT_STATE = 0x9E3779B97F4A7C15

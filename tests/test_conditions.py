@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from fastscore.records import CandidateSet, GreedyRequest, Message
-from fastscore.study import mbpp_env, tools_env
+from fastscore.study.envs.mbpp import env as mbpp_env
+from fastscore.study.envs.tools import env as tools_env
 from fastscore.study.conditions import banned_candidate_lp, render_conditions
 from fastscore.study.metrics import CONDITIONS, candidate_probabilities
 from fastscore.study.runner_stages import distinct

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from fastscore.errors import DataError
-from fastscore.study import mbpp_env
+from fastscore.study.envs.mbpp import env as mbpp_env
 from fastscore.study.items import Item, Skipped
-from fastscore.study.mbpp_env import (
+from fastscore.study.envs.mbpp.env import (
     build_items,
     context_messages,
     evaluate,
@@ -25,7 +25,7 @@ from fastscore.study.mbpp_env import (
     load_sources,
     record_messages,
 )
-from fastscore.study.mbpp_mutations import KINDS, all_mutants
+from fastscore.study.envs.mbpp.mutations import KINDS, all_mutants
 
 REAL_DATA = Path(os.environ.get("FASTSCORE_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 FENCED = re.compile(r"\A```python\n(?:[^\n]*[^\s\n][^\n]*\n|\n)*```\Z")

@@ -1,6 +1,6 @@
 """Cross-backend parity through the Scorer: every fast backend against the transformers fp32 reference.
 
-Requests are real study items: three BFCL tool-call items (fastscore.study.tools_env, seed 0), each scored under
+Requests are real study items: three BFCL tool-call items (fastscore.study.envs.tools.env, seed 0), each scored under
 `before` (system + user) and `after` (+ the failed call + the runtime's error), four candidate calls each: 24
 sequences. The corrective gain of a candidate is G = lp(before) - lp(after).
 
@@ -32,7 +32,7 @@ from fastscore.cli import main
 from fastscore.records import CandidateSet, ScoreRequest
 from fastscore.requests_io import read_requests
 from fastscore.scorer import Scorer
-from fastscore.study import tools_env
+from fastscore.study.envs.tools import env as tools_env
 from fastscore.study.conditions import render_conditions
 from fastscore.tokenizer import Tokenizer
 

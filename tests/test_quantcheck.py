@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from fastscore.errors import DataError, UnknownQuantError
-from fastscore.quantcheck_stats import (
+from fastscore.study.quantcheck.stats import (
     agreement,
     average_ranks,
     binned_sign_agreement,
@@ -91,7 +91,7 @@ def test_sign_of_mean_statement_says_plainly_whether_it_changed():
 
 
 def test_parse_variants():
-    from fastscore.quantcheck import REFERENCE, Variant, parse_variants
+    from fastscore.study.quantcheck.run import REFERENCE, Variant, parse_variants
 
     assert parse_variants("llamacpp:q8_0, int8,q4_1,reference") == (
         Variant("llamacpp", "q8_0"), Variant("onnx", "int8"), Variant("llamacpp", "q4_1"))

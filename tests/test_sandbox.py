@@ -8,7 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fastscore.study.sandbox import RunOutcome, RunRequest, SandboxLimits, run_many, run_program
+from fastscore.study.envs.mbpp.sandbox import RunOutcome, RunRequest, SandboxLimits, run_many, run_program
 
 FAST = SandboxLimits(timeout_s=1.0)
 TESTS = ("assert add(1, 2) == 3", "assert add(2, 2) == 4")

@@ -195,7 +195,7 @@ def test_model_failures_are_the_models_own_greedy_attempts(tmp_path, data_dir):
 
 def test_an_item_too_long_for_the_model_is_recorded_and_the_run_goes_on(tmp_path, data_dir):
     from fastscore.session import open_scorer
-    from fastscore.study import tools_env
+    from fastscore.study.envs.tools import env as tools_env
     from fastscore.study.runner import skipped_counts
     from fastscore.study.runner_stages import greedy_stage, score_stage
 

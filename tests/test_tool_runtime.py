@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from fastscore.study.tool_answers import canonical_call, match_answer
-from fastscore.study.tool_describe import describe_failure
-from fastscore.study.tool_mutations import MUTATION_KINDS, misspell, mutate, seeded_mutations
-from fastscore.study.tool_runtime import Call, ToolRejection, ToolRuntime, parse_call
+from fastscore.study.envs.tools.answers import canonical_call, match_answer
+from fastscore.study.envs.tools.describe import describe_failure
+from fastscore.study.envs.tools.mutations import MUTATION_KINDS, misspell, mutate, seeded_mutations
+from fastscore.study.envs.tools.runtime import Call, ToolRejection, ToolRuntime, parse_call
 
 AREA = {
     "name": "calculate_area",

@@ -10,9 +10,9 @@ import pytest
 
 from fastscore.errors import DataError
 from fastscore.study.items import Item
-from fastscore.study.tool_mutations import MUTATION_KINDS
-from fastscore.study.tool_runtime import ToolRuntime
-from fastscore.study.tools_env import (
+from fastscore.study.envs.tools.mutations import MUTATION_KINDS
+from fastscore.study.envs.tools.runtime import ToolRuntime
+from fastscore.study.envs.tools.env import (
     DONT_REPEAT_INSTRUCTION, NEUTRAL_MESSAGE, RECORD_KINDS, RECORD_ROLE, build_items, context_messages, evaluate,
     item_from_failure, load_sources, record_messages,
 )

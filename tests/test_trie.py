@@ -9,8 +9,8 @@ from fake_backend import FakeBackend
 from fastscore.errors import BackendError, ContextTooLongError
 from fastscore.mathops import gather_logprobs, log_softmax_rows, logsumexp_rows
 from fastscore.records import TokenRequest
-from fastscore.trie import Trie, all_owners, pack
-from fastscore.trie_plan import ScoringPlan
+from fastscore.engine.trie import Trie, all_owners, pack
+from fastscore.engine.plan import ScoringPlan
 
 A = (1, 2, 3, 4, 5)
 B = (1, 2, 3, 6, 7)

@@ -36,7 +36,7 @@ from fastscore.errors import (
     TokenizationError,
 )
 from fastscore.records import TokenRequest, TokenScores
-from fastscore.trie_plan import PlanDecoder, ScoringPlan, run_scoring
+from fastscore.engine.plan import PlanDecoder, ScoringPlan, run_scoring
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from fastscore.errors import BackendError
 from fastscore.records import EngineStats
-from fastscore.trie_plan import Batch
+from fastscore.engine.plan import Batch
 
 log = logging.getLogger(__name__)
 

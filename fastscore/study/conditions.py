@@ -37,11 +37,11 @@ log = logging.getLogger(__name__)
 # Conditions whose context is `context` + the environment's record messages of the same name.
 RECORD_CONDITIONS = ("after", "success", "neutral", "description", "dont_repeat")
 BAN_CONTEXT = "after"  # the decoder ban acts on the harness that keeps the verbatim record
-ENV_MODULES = {"tools": "fastscore.study.tools_env", "mbpp": "fastscore.study.mbpp_env"}
+ENV_MODULES = {"tools": "fastscore.study.envs.tools.env", "mbpp": "fastscore.study.envs.mbpp.env"}
 
 
 class StudyEnv(Protocol):
-    """What the study needs from an environment module (fastscore.study.tools_env / mbpp_env)."""
+    """What the study needs from an environment module (fastscore.study.envs.tools.env / mbpp_env)."""
 
     def context_messages(self, item: Item) -> Sequence[Message | Mapping[str, str]]: ...
 

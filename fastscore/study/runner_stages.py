@@ -155,7 +155,7 @@ def same_action(env: str, text: str, failed_action: str) -> bool:
     """Did a greedy completion reproduce the failed action? Text equality up to surrounding whitespace (as the
     decoder's ban compares); for programs, the extracted program in its canonical fenced form."""
     if env == "mbpp":
-        from fastscore.study.mbpp_env import extract_program, format_program
+        from fastscore.study.envs.mbpp.env import extract_program, format_program
 
         return format_program(extract_program(text)) == failed_action
     return text.strip() == failed_action.strip()

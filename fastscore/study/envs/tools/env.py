@@ -20,10 +20,10 @@ from typing import Any
 from fastscore.errors import DataError
 from fastscore.study.datafile import read_json_objects
 from fastscore.study.items import Item, Skipped
-from fastscore.study.tool_answers import GroundTruthError, canonical_call, match_answer
-from fastscore.study.tool_describe import describe_failure
-from fastscore.study.tool_mutations import mutation_rng, seeded_mutations
-from fastscore.study.tool_runtime import (
+from fastscore.study.envs.tools.answers import GroundTruthError, canonical_call, match_answer
+from fastscore.study.envs.tools.describe import describe_failure
+from fastscore.study.envs.tools.mutations import mutation_rng, seeded_mutations
+from fastscore.study.envs.tools.runtime import (
     CALL_FORMAT_INSTRUCTIONS, Call, ToolOutcome, ToolRejection, ToolRuntime, parse_call,
 )
 

@@ -13,7 +13,7 @@ import ast
 import logging
 import warnings
 
-from fastscore.study.sandbox import RunOutcome
+from fastscore.study.envs.mbpp.sandbox import RunOutcome
 
 log = logging.getLogger(__name__)
 

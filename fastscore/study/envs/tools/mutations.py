@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from fastscore.study.tool_runtime import Call, ToolOutcome, ToolRuntime
+from fastscore.study.envs.tools.runtime import Call, ToolOutcome, ToolRuntime
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from tqdm import tqdm
 from fastscore.errors import DataError
 from fastscore.study.datafile import read_json_objects
 from fastscore.study.items import Item, Skipped
-from fastscore.study.mbpp_describe import describe_failure
-from fastscore.study.mbpp_mutations import Mutant, seeded_mutants
-from fastscore.study.sandbox import RunOutcome, SandboxLimits, run_program
+from fastscore.study.envs.mbpp.describe import describe_failure
+from fastscore.study.envs.mbpp.mutations import Mutant, seeded_mutants
+from fastscore.study.envs.mbpp.sandbox import RunOutcome, SandboxLimits, run_program
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 
-from fastscore.study.tool_runtime import Call, ToolOutcome, type_label
+from fastscore.study.envs.tools.runtime import Call, ToolOutcome, type_label
 
 log = logging.getLogger(__name__)
 

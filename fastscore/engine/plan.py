@@ -17,7 +17,7 @@ import numpy as np
 from fastscore.backends.base import Decoder
 from fastscore.mathops import gather_logprobs, log_softmax_rows
 from fastscore.records import TokenRequest, TokenScores
-from fastscore.trie import Group, Trie, all_owners, leaf_owners, pack
+from fastscore.engine.trie import Group, Trie, all_owners, leaf_owners, pack
 
 log = logging.getLogger(__name__)
 

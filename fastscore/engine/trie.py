@@ -4,7 +4,7 @@ Backend-independent. Each trie node is a run of tokens computed once and tagged 
 sequence below it, so one forward pass attends along each root-to-leaf path as if it were alone. `pack` splits the
 tree into groups that fit a token budget (the KV cache) and a sequence budget (llama.cpp's n_seq_max); a subtree too
 big for one group is split and its prefix is then recomputed in every group that needs it (counted).
-The scoring and decoding plans built on this live in fastscore.trie_plan.
+The scoring and decoding plans built on this live in fastscore.engine.plan.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import logging
 import re
 from typing import Any
 
-from fastscore.study.tool_runtime import Call, ToolOutcome
+from fastscore.study.envs.tools.runtime import Call, ToolOutcome
 
 log = logging.getLogger(__name__)
 

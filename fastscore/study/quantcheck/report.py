@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fastscore.quantcheck_stats import (
+from fastscore.study.quantcheck.stats import (
     MARGIN_EDGES,
     agreement,
     binned_sign_agreement,

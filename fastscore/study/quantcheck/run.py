@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from fastscore.errors import DataError, UnknownQuantError, UnsupportedError
-from fastscore.quantcheck_stats import kl_rows
+from fastscore.study.quantcheck.stats import kl_rows
 from fastscore.records import CandidateSet, ScoreRequest, TokenRequest
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ class QuantCheckConfig:
 
 def run_quant_check(config: QuantCheckConfig) -> dict:
     """Score, compare, and write quant.json, quant.md and the plots into config.out_dir; returns the summary."""
-    from fastscore.quantcheck_report import compare_all, write_outputs
+    from fastscore.study.quantcheck.report import compare_all, write_outputs
 
     out_dir = Path(config.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

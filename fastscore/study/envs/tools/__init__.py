@@ -1,0 +1,1 @@
+"""Tool calling on BFCL items: a simulated runtime, seeded mutations of the ground-truth call, descriptions."""
