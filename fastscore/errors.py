@@ -102,3 +102,9 @@ class BenchmarkError(FastscoreError):
     """A benchmark worker process failed; the message carries its error."""
 
     exit_code = 9
+
+
+class SandboxUnavailableError(FastscoreError):
+    """The isolating sandbox (bubblewrap) is missing or cannot create its namespaces on this host."""
+
+    exit_code = 3

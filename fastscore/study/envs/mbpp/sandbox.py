@@ -1,66 +1,76 @@
-"""Run an untrusted program against its assert-tests in a throw-away subprocess with time and memory limits.
+"""Run an untrusted program against its assert-tests, isolated, and judge the result outside the sandbox.
 
-Every way a program can go wrong (failing assert, exception, hang, memory exhaustion, hard crash) comes back as a
-`RunOutcome`; nothing the program does raises out of `run_program`.
+Every way a program can go wrong (failing assert, exception, hang, memory exhaustion, hard crash, tampering with the
+report) comes back as a `RunOutcome`; nothing the program does raises out of `run_program`.
+
+Two isolation modes (README, "MBPP sandbox"):
+- "bwrap" (default): bubblewrap gives the run new user, pid, net, ipc, uts and cgroup namespaces, a read-only view of
+  the system's /usr and the Python installation only, a size-capped private tmpfs as /tmp (the only writable place),
+  a fresh /proc, no network, and no environment but a minimal one. When the run ends, its pid namespace ends with
+  it: no descendant survives, however it detached.
+- "rlimits": a plain subprocess in its own session with rlimits and a temp cwd. No isolation: for hosts without
+  bubblewrap, and every study report then says so.
+In both modes a cgroup bounds the memory and the number of processes of the whole run where the host lets us create
+one (cgroups.py); elsewhere RLIMIT_AS per process and, under bwrap, RLIMIT_NPROC inside the user namespace.
+
+The verdict: see verdict.py (values, not self-reported results) and harness.py (what runs inside).
 
 Why the limits are set by the harness and not in `preexec_fn`: `run_many` starts processes from a thread pool, and
-`preexec_fn` is documented as unsafe in the presence of threads (it runs Python code between fork and exec). The harness
-sets RLIMIT_AS / RLIMIT_CPU / RLIMIT_FSIZE as its very first statements, with hard == soft so the program cannot raise
-them, before any program text is compiled or run.
-
-Why not `python -I`: `-I` implies `-E`, which also ignores PYTHONHASHSEED, and set iteration order of strings would
-then vary between runs (a few MBPP references return `tuple(set(...))`), making pass/fail non-deterministic. We pass
-`-s -P` (the other two parts of `-I`) and build the child's environment from scratch, so `-E` would protect nothing.
+`preexec_fn` is unsafe in the presence of threads. The harness sets them as its first statements, hard == soft.
+Why `-S`: the program gets the standard library only (no site-packages of whichever venv runs fastscore), and the
+interpreter starts in ~15 ms instead of ~80. PYTHONHASHSEED is fixed (a few MBPP references return
+`tuple(set(...))`), so `-E`/`-I` is not used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import math
 import os
+import secrets
+import selectors
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Iterable, Iterator, Literal
+
+from fastscore.study.envs.mbpp import cgroups
+from fastscore.study.envs.mbpp.harness import MEMORY_EXIT_CODE
+from fastscore.study.envs.mbpp.isolation import (
+    ISOLATIONS, Isolation, bwrap_command, child_environment, harness_python, require_isolation,
+)  # fmt: skip
+from fastscore.study.envs.mbpp.verdict import Decision, Judge, MalformedRecord, plan_test, read_record
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ISOLATIONS", "RunOutcome", "RunRequest", "SandboxLimits", "run_many", "run_program", "use_isolation"]
 
 Status = Literal["passed", "failed", "error", "timeout", "memory", "crash"]
 
 MESSAGE_LIMIT = 1000  # characters of an error message kept (an exception text can be arbitrarily long)
 _STDERR_TAIL = 4000
-_HARNESS_STATUSES = ("passed", "failed", "error", "memory")
-_MEMORY_EXIT_CODE = 86  # the harness exits with this when even reporting a MemoryError ran out of memory
-
-# Only what a plain Python program needs; nothing from the parent's environment leaks through.
-_CHILD_ENV = {
-    "PATH": "/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "PYTHONHASHSEED": "0",
-    "PYTHONIOENCODING": "utf-8",
-    "OPENBLAS_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-}
+_RECORDS_BUDGET = 16 * 1024 * 1024  # bytes of records read from one run; a flood beyond it is a crash
+_HARNESS = Path(__file__).with_name("harness.py")
+_default_isolation: Isolation = "bwrap"
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    timeout_s: float = 5.0  # wall clock; the whole process group is killed when it is exceeded
-    memory_mb: int = 512  # RLIMIT_AS
+    timeout_s: float = 5.0  # wall clock; the whole run is killed when it is exceeded
+    memory_mb: int = 512  # RLIMIT_AS of each process; with a cgroup, also the bound of all processes together
     cpu_s: int | None = None  # RLIMIT_CPU; default: the wall timeout rounded up, plus one second
-    file_mb: int = 16  # RLIMIT_FSIZE: largest file the program may write into its temp dir
+    file_mb: int = 16  # RLIMIT_FSIZE: largest file the program may write
+    tmp_mb: int = 64  # size of the private /tmp under bwrap (counts towards the cgroup's memory)
+    max_processes: int = 128  # tasks (processes and threads) of the whole run
 
     @property
     def cpu_seconds(self) -> int:
-        return self.cpu_s if self.cpu_s is not None else int(math.ceil(self.timeout_s)) + 1
+        return self.cpu_s if self.cpu_s is not None else int(-(-self.timeout_s // 1)) + 1
 
 
 @dataclass(frozen=True)
@@ -68,7 +78,7 @@ class RunOutcome:
     passed: bool
     status: Status
     message: str  # what the test run printed: the failing assert, the last traceback line, or the limit hit
-    seconds: float  # wall time of the subprocess
+    seconds: float  # wall time of the run
     failing_test: str = ""  # source of the test that failed or raised ("" if it passed or failed before the tests)
 
 
@@ -79,65 +89,16 @@ class RunRequest:
     setup_code: str = ""
 
 
-_HARNESS = r'''
-import resource, sys
-_memory, _cpu, _fsize = (int(v) for v in sys.argv[2:5])
-resource.setrlimit(resource.RLIMIT_AS, (_memory, _memory))
-resource.setrlimit(resource.RLIMIT_CPU, (_cpu, _cpu + 1))
-resource.setrlimit(resource.RLIMIT_FSIZE, (_fsize, _fsize))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-import json, os, traceback
-
-_result_path = sys.argv[1]
-with open("job.json", encoding="utf-8") as _f:
-    _job = json.load(_f)
-
-
-def _last_line(exc):
-    lines = traceback.format_exception_only(type(exc), exc)
-    return lines[-1].strip() if lines else type(exc).__name__
-
-
-def _report(status, message, test=""):
-    with open(_result_path, "w", encoding="utf-8") as f:
-        json.dump({"status": status, "message": message, "test": test}, f)
-    os._exit(0)
-
-
-def _raised_by_test(exc, filename):
-    tb = exc.__traceback__
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb.tb_frame.f_code.co_filename == filename
-
-
-_namespace = {"__name__": "solution", "__builtins__": __builtins__}
-_stage, _test = "program", ""
-try:
-    exec(compile(_job["program"], "program.py", "exec"), _namespace)
-    _stage = "setup"
-    if _job["setup"]:
-        exec(compile(_job["setup"], "setup.py", "exec"), _namespace)
-    _stage = "tests"
-    for _i, _test in enumerate(_job["tests"]):
-        _name = "<test %d>" % _i
-        try:
-            exec(compile(_test, _name, "exec"), _namespace)
-        except AssertionError as exc:
-            if _raised_by_test(exc, _name):
-                _report("failed", "AssertionError: " + _test.strip(), _test)
-            raise
-except MemoryError:
-    _namespace.clear()  # the program's data is what filled memory; free it so the report can be written
+@contextlib.contextmanager
+def use_isolation(isolation: Isolation) -> Iterator[None]:
+    """Within the block, runs without an explicit `isolation` use this one (a study's --sandbox option)."""
+    global _default_isolation
+    require_isolation(isolation)
+    previous, _default_isolation = _default_isolation, isolation
     try:
-        _report("memory", "MemoryError", _test if _stage == "tests" else "")
-    except MemoryError:
-        os._exit(86)
-except BaseException as exc:  # SystemExit, KeyboardInterrupt and RecursionError are outcomes too
-    _report("error", _last_line(exc), _test if _stage == "tests" else "")
-_report("passed", "", "")
-'''
+        yield
+    finally:
+        _default_isolation = previous
 
 
 def _clip(text: str) -> str:
@@ -151,101 +112,199 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _well_formed(report: object) -> bool:
-    return (
-        isinstance(report, dict)
-        and report.get("status") in _HARNESS_STATUSES
-        and isinstance(report.get("message"), str)
-        and isinstance(report.get("test"), str)
-    )
-
-
-def _outcome_without_report(returncode: int, stderr_tail: str, limits: SandboxLimits, seconds: float) -> RunOutcome:
-    """The harness died before writing its report: classify from the exit status and stderr."""
-    if returncode == _MEMORY_EXIT_CODE or "MemoryError" in stderr_tail:
-        return _memory_outcome(limits, seconds)
-    # RLIMIT_CPU sends SIGXCPU at the soft limit and SIGKILL one second later at the hard limit.
-    if returncode == -signal.SIGXCPU or (returncode == -signal.SIGKILL and seconds >= limits.cpu_seconds):
-        message = f"Timeout: the tests used more than {limits.cpu_seconds} s of CPU time"
-        return RunOutcome(False, "timeout", message, seconds)
-    if returncode < 0:
-        message = f"Crash: the process was killed by {_signal_name(-returncode)}"
-    else:
-        message = f"Crash: the process exited with code {returncode} before the tests finished"
-    return RunOutcome(False, "crash", message, seconds)
-
-
 def _memory_outcome(limits: SandboxLimits, seconds: float, test: str = "") -> RunOutcome:
     message = f"MemoryError: the program exceeded the {limits.memory_mb} MB memory limit"
     return RunOutcome(False, "memory", message, seconds, test)
 
 
-def _timeout_outcome(limits: SandboxLimits, seconds: float) -> RunOutcome:
-    message = f"Timeout: the tests did not finish within {limits.timeout_s:g} s"
-    return RunOutcome(False, "timeout", message, seconds)
+def _outcome_without_verdict(
+    returncode: int, isolation: Isolation, stderr_tail: str, oom: bool, limits: SandboxLimits, seconds: float
+) -> RunOutcome:
+    """The harness stopped before a decisive record: classify from the exit status, the cgroup and stderr."""
+    # bwrap reports a child killed by signal N as exit status 128 + N; a plain subprocess as -N.
+    killed_by = -returncode if returncode < 0 else (returncode - 128 if isolation == "bwrap" and returncode > 128 else 0)
+    if oom or returncode == MEMORY_EXIT_CODE or "MemoryError" in stderr_tail:
+        return _memory_outcome(limits, seconds)
+    # RLIMIT_CPU sends SIGXCPU at the soft limit and SIGKILL one second later at the hard limit.
+    if killed_by == signal.SIGXCPU or (killed_by == signal.SIGKILL and seconds >= limits.cpu_seconds):
+        return RunOutcome(False, "timeout", f"Timeout: the tests used more than {limits.cpu_seconds} s of CPU time",
+                          seconds)  # fmt: skip
+    if killed_by:
+        return RunOutcome(False, "crash", f"Crash: the process was killed by {_signal_name(killed_by)}", seconds)
+    message = f"Crash: the process exited with code {returncode} before the tests finished"
+    return RunOutcome(False, "crash", message, seconds)
+
+
+def _outcome(decision: Decision, returncode: int | None, limits: SandboxLimits, seconds: float) -> RunOutcome:
+    if decision.status == "memory":
+        return _memory_outcome(limits, seconds, decision.failing_test)
+    if decision.status == "passed" and returncode != 0:
+        return RunOutcome(False, "crash", f"Crash: the run reported its tests but exited with {returncode}", seconds)
+    return RunOutcome(decision.status == "passed", decision.status, _clip(decision.message), seconds,
+                      decision.failing_test)  # fmt: skip
+
+
+class _Reader:
+    """The caller's end of the records pipe: complete lines, within a deadline and a byte budget."""
+
+    def __init__(self, fd: int, deadline: float):
+        self.fd, self.deadline = fd, deadline
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(fd, selectors.EVENT_READ)
+        self.buffer = b""
+        self.received = 0
+
+    def lines(self) -> Iterator[bytes]:
+        """Yields lines until EOF; raises TimeoutError at the deadline, MalformedRecord past the budget."""
+        while True:
+            while b"\n" in self.buffer:
+                line, self.buffer = self.buffer.split(b"\n", 1)
+                yield line
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0 or not self.selector.select(remaining):
+                raise TimeoutError
+            data = os.read(self.fd, 1 << 16)
+            if not data:
+                return
+            self.received += len(data)
+            if self.received > _RECORDS_BUDGET:
+                raise MalformedRecord("more output on the records channel than any report needs")
+            self.buffer += data
+
+    def close(self) -> None:
+        self.selector.close()
+        os.close(self.fd)
+
+
+def _judge_run(reader: _Reader, judge: Judge) -> Decision | None:
+    """The decision the records settle, or None if the channel closed first. TimeoutError at the deadline."""
+    for line in reader.lines():
+        try:
+            decision = judge.feed(read_record(line))
+        except MalformedRecord as exc:
+            decision = Decision("crash", f"Crash: the test run's report was malformed ({exc})")
+        if decision is not None:
+            return decision
+    return None
+
+
+def _command(isolation: Isolation, inbox: Path, records_fd: int, token_fd: int, limits: SandboxLimits,
+             bounded: bool) -> tuple[list[str], Path]:  # fmt: skip
+    """The command line and the working directory of the run."""
+    # Without a cgroup, RLIMIT_NPROC bounds forks under bwrap (it counts per user namespace there); outside a
+    # namespace it would count every process of the caller's user, so the rlimits mode goes without.
+    nproc = 0 if bounded or isolation == "rlimits" else limits.max_processes
+    harness_args = [
+        str(records_fd), str(token_fd), str(limits.memory_mb * 1024 * 1024), str(limits.cpu_seconds),
+        str(limits.file_mb * 1024 * 1024), str(nproc),
+    ]  # fmt: skip
+    python = [harness_python(), "-S", "-s", "-P", "-B"]
+    if isolation == "bwrap":
+        inside = ["/sandbox/harness.py", "/sandbox/job.json", *harness_args]
+        return bwrap_command(inbox, limits.tmp_mb, [*python, *inside]), inbox
+    return [*python, str(inbox / "harness.py"), str(inbox / "job.json"), *harness_args], inbox
 
 
 def run_program(
-    program: str, tests: Iterable[str], setup_code: str = "", limits: SandboxLimits = SandboxLimits()
-) -> RunOutcome:
-    """Run `program`, then `setup_code`, then each assert of `tests` in one fresh subprocess; report the first
-    failure."""
-    tests = tuple(tests)
-    with tempfile.TemporaryDirectory(prefix="fastscore-sandbox-", ignore_cleanup_errors=True) as tmp:
-        workdir = Path(tmp)
-        (workdir / "harness.py").write_text(_HARNESS, encoding="utf-8")
-        job = {"program": program, "setup": setup_code, "tests": list(tests)}
-        (workdir / "job.json").write_text(json.dumps(job), encoding="utf-8")
-        result_path = workdir / "result.json"
-        command = [
-            sys.executable, "-s", "-P", "harness.py", str(result_path),
-            str(limits.memory_mb * 1024 * 1024), str(limits.cpu_seconds), str(limits.file_mb * 1024 * 1024),
-        ]  # fmt: skip
-        with open(workdir / "stderr.txt", "w+b") as stderr:
-            started = time.perf_counter()
-            process = subprocess.Popen(
-                command, cwd=workdir, env=dict(_CHILD_ENV), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True, close_fds=True,
-            )  # fmt: skip
-            # A timer kills the group; a blocking wait returns the moment the child exits (wait(timeout) polls).
-            expired = threading.Event()
-            timer = threading.Timer(limits.timeout_s, lambda: (expired.set(), _kill_group(process.pid)))
-            timer.start()
-            try:
-                process.wait()
-            finally:
-                timer.cancel()
-            seconds = time.perf_counter() - started
-            timed_out = expired.is_set()
-            _kill_group(process.pid)  # background children the program may have left behind
-            stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - _STDERR_TAIL))
-            stderr_tail = stderr.read().decode("utf-8", errors="replace")
-        if timed_out:
-            return _timeout_outcome(limits, seconds)
+    program: str, tests: Iterable[str], setup_code: str = "", limits: SandboxLimits = SandboxLimits(),
+    isolation: Isolation | None = None,
+) -> RunOutcome:  # fmt: skip
+    """Run `program`, then `setup_code`, then each test of `tests` in one fresh sandbox; report the first failure.
+
+    `isolation` defaults to the one `use_isolation` set ("bwrap" unless told otherwise); SandboxUnavailableError if
+    bubblewrap is asked for and does not work here.
+    """
+    isolation = isolation or _default_isolation
+    require_isolation(isolation)
+    plans = tuple(plan_test(t) for t in tests)
+    where = cgroups.layout()
+    group = cgroups.RunGroup(where, (limits.memory_mb + limits.tmp_mb) * 1024 * 1024, limits.max_processes) \
+        if where is not None else None  # fmt: skip
+    token = secrets.token_hex(16)
+    try:
+        with tempfile.TemporaryDirectory(prefix="fastscore-sandbox-", ignore_cleanup_errors=True) as tmp:
+            inbox = Path(tmp)
+            (inbox / "harness.py").write_bytes(_HARNESS.read_bytes())
+            job = {"program": program, "setup": setup_code, "tests": [p.job() for p in plans]}
+            (inbox / "job.json").write_text(json.dumps(job), encoding="utf-8")
+            return _run(inbox, plans, token, limits, isolation, group)
+    finally:
+        if group is not None:
+            group.remove()
+
+
+def _run(inbox: Path, plans, token: str, limits: SandboxLimits, isolation: Isolation,
+         group: cgroups.RunGroup | None) -> RunOutcome:  # fmt: skip
+    records_r, records_w = os.pipe()
+    token_r, token_w = os.pipe()
+    os.write(token_w, token.encode("ascii"))
+    os.close(token_w)
+    command, cwd = _command(isolation, inbox, records_w, token_r, limits, group is not None)
+    if group is not None:
+        command = ["/bin/sh", "-c", cgroups.JOIN_AND_EXEC, "sh", str(len(group.procs_files)), *group.procs_files,
+                   *command]  # fmt: skip
+    with open(inbox / "stderr.txt", "w+b") as stderr:
+        started = time.monotonic()
         try:
-            report = json.loads(result_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            report = None
-        if not _well_formed(report):  # no report, or the program overwrote it
-            return _outcome_without_report(process.returncode, stderr_tail, limits, seconds)
-    if report["status"] == "memory":
-        return _memory_outcome(limits, seconds, report["test"])
-    return RunOutcome(report["status"] == "passed", report["status"], _clip(report["message"]), seconds, report["test"])
+            process = subprocess.Popen(
+                command, cwd=cwd, env=child_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=stderr, start_new_session=True, close_fds=True, pass_fds=(records_w, token_r),
+            )  # fmt: skip
+        finally:
+            os.close(records_w)
+            os.close(token_r)
+        reader = _Reader(records_r, started + limits.timeout_s)
+        judge = Judge(plans, token)
+        try:
+            decision = _judge_run(reader, judge)
+            timed_out = False
+        except TimeoutError:
+            decision, timed_out = None, True
+        finally:
+            reader.close()
+        if decision is not None and decision.status in ("failed", "crash"):
+            _kill(process, group)  # the verdict is settled; whatever the program does next does not matter
+        try:
+            returncode = process.wait(timeout=max(0.0, started + limits.timeout_s - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = decision is None
+            _kill(process, group)
+            returncode = process.wait()
+        seconds = time.monotonic() - started
+        _kill(process, group)  # descendants the program left behind
+        stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - _STDERR_TAIL))
+        stderr_tail = stderr.read().decode("utf-8", errors="replace")
+    if not judge.started and returncode in (cgroups.JOIN_FAILED_EXIT_CODE, 1) and isolation == "bwrap":
+        log.warning("the sandbox did not start (exit %s): %s", returncode, stderr_tail.strip()[-500:])
+    if decision is not None:
+        return _outcome(decision, returncode, limits, seconds)
+    if timed_out:
+        return RunOutcome(False, "timeout", f"Timeout: the tests did not finish within {limits.timeout_s:g} s", seconds)
+    oom = group is not None and group.oom_killed()
+    return _outcome_without_verdict(returncode, isolation, stderr_tail, oom, limits, seconds)
+
+
+def _kill(process: subprocess.Popen, group: cgroups.RunGroup | None) -> None:
+    """SIGKILL the run: its session (rlimits mode), bwrap (whose pid namespace then ends), and its cgroup."""
+    for kill in (lambda: os.killpg(process.pid, signal.SIGKILL), process.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill()
+    if group is not None:
+        group.kill_all()
 
 
 def run_many(
-    requests: Iterable[RunRequest], limits: SandboxLimits = SandboxLimits(), workers: int = 2
-) -> list[RunOutcome]:
-    """Run a batch of programs, `workers` subprocesses at a time; outcomes come back in request order."""
+    requests: Iterable[RunRequest], limits: SandboxLimits = SandboxLimits(), workers: int = 2,
+    isolation: Isolation | None = None,
+) -> list[RunOutcome]:  # fmt: skip
+    """Run a batch of programs, `workers` sandboxes at a time; outcomes come back in request order."""
     requests = list(requests)
+    isolation = isolation or _default_isolation
+
+    def one(r: RunRequest) -> RunOutcome:
+        return run_program(r.program, r.tests, r.setup_code, limits, isolation)
+
     if workers <= 1 or len(requests) <= 1:
-        return [run_program(r.program, r.tests, r.setup_code, limits) for r in requests]
+        return [one(r) for r in requests]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox") as pool:
-        return list(pool.map(lambda r: run_program(r.program, r.tests, r.setup_code, limits), requests))
+        return list(pool.map(one, requests))

@@ -1,0 +1,159 @@
+"""The script that runs inside the sandbox: the program, its setup code, then the test expressions.
+
+It reports *values*, never verdicts. For each test the caller sends only the expression whose value the test
+checks (the `EXPR` of `assert EXPR == EXPECTED`; the expected value stays with the caller), and this script writes
+that value as plain data, one JSON line per test, to a pipe the caller reads. The caller decodes the value and
+compares it with the expected one itself (verdict.py), so nothing the program redefines in this interpreter
+(builtins, `__eq__`, this script's own functions) can turn a wrong value into a pass: at worst the program makes
+this script report other plain values, which is no more than a program that returns them.
+
+Standard library only: it runs under `python -S` inside the sandbox, and the caller imports `encode` from it for
+its tests. Nothing runs on import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+MAX_DEPTH = 100  # nesting of a reported value
+MAX_ITEMS = 200_000  # scalars and containers in one reported value
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+MEMORY_EXIT_CODE = 86  # even reporting a MemoryError ran out of memory
+_BIG_INT_BITS = 10_000  # larger ints travel as hex: JSON's decimal form is capped at 4300 digits
+
+
+class Unreportable(Exception):
+    """The value is not plain data (or too deep / too large to report)."""
+
+
+def encode(value: object) -> object:
+    """`value` as JSON-ready data that `verdict.decode` turns back into an equal plain value.
+
+    Only the built-in data types are reported, each read through its base type's own C methods, so a subclass's
+    overridden `__eq__`, `__iter__` or `__repr__` has no say; a list, str or None is itself, the other types are
+    tagged one-key objects. Anything else (a custom object, a generator, a numpy array) raises Unreportable.
+    """
+    budget = [MAX_ITEMS]
+
+    def walk(v: object, depth: int) -> object:
+        budget[0] -= 1
+        if depth > MAX_DEPTH or budget[0] < 0:
+            raise Unreportable("value too deep or too large to report")
+        if v is None or type(v) is bool:
+            return v
+        if isinstance(v, int):
+            n = int.__int__(v)
+            return n if n.bit_length() < _BIG_INT_BITS else {"int": int.__format__(n, "x")}
+        if isinstance(v, float):
+            return float.__float__(v)
+        if isinstance(v, str):
+            return str.__str__(v)
+        if isinstance(v, complex):
+            c = complex.__complex__(v)
+            return {"complex": [c.real, c.imag]}
+        if isinstance(v, bytes):
+            return {"bytes": bytes.__bytes__(v).hex()}
+        if isinstance(v, bytearray):
+            return {"bytearray": bytes(bytearray.__iter__(v)).hex()}
+        if isinstance(v, list):
+            return [walk(x, depth + 1) for x in list.__iter__(v)]
+        if isinstance(v, tuple):
+            return {"tuple": [walk(x, depth + 1) for x in tuple.__iter__(v)]}
+        if isinstance(v, dict):
+            return {"dict": [[walk(k, depth + 1), walk(x, depth + 1)] for k, x in dict.items(v)]}
+        if isinstance(v, frozenset):
+            return {"frozenset": [walk(x, depth + 1) for x in frozenset.__iter__(v)]}
+        if isinstance(v, set):
+            return {"set": [walk(x, depth + 1) for x in set.__iter__(v)]}
+        raise Unreportable(f"a value of type {type(v).__name__} is not plain data")
+
+    return walk(value, 0)
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = traceback.format_exception_only(type(exc), exc)
+    return lines[-1].strip() if lines else type(exc).__name__
+
+
+def _raised_in(exc: BaseException, filename: str) -> bool:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename == filename
+
+
+def _set_limits(memory: int, cpu: int, fsize: int, nproc: int) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if nproc > 0:
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+
+def main(argv: list[str]) -> None:
+    """argv: job.json, records fd, token fd, RLIMIT_AS bytes, RLIMIT_CPU s, RLIMIT_FSIZE bytes, RLIMIT_NPROC (0: none)."""
+    job_path, records_fd, token_fd = argv[0], int(argv[1]), int(argv[2])
+    _set_limits(*(int(v) for v in argv[3:7]))
+    sys.set_int_max_str_digits(0)  # a program's own big-int printing is not the harness's business
+    token = os.read(token_fd, 256).decode("ascii")
+    os.close(token_fd)  # read before any program text runs; the program never sees it in a file, argv or env
+    with open(job_path, encoding="utf-8") as f:
+        job = json.load(f)
+    write, dumps = os.write, json.dumps  # bound before the program can replace them
+
+    def emit(record: dict) -> None:
+        line = dumps(record, ensure_ascii=True, allow_nan=True) + "\n"
+        if len(line) > MAX_RECORD_BYTES:
+            line = dumps({"test": record.get("test", -1), "unreportable": "value too large to report"}) + "\n"
+        data = line.encode("ascii")
+        while data:
+            data = data[write(records_fd, data):]
+
+    emit({"started": True})
+    namespace = {"__name__": "solution", "__builtins__": __builtins__}
+    stage, index = "program", -1
+    try:
+        exec(compile(job["program"], "program.py", "exec"), namespace)
+        stage = "setup"
+        if job["setup"]:
+            exec(compile(job["setup"], "setup.py", "exec"), namespace)
+        stage = "tests"
+        for index, test in enumerate(job["tests"]):
+            if test["kind"] == "value":
+                value = eval(compile(test["expr"], f"<test {index}>", "eval"), namespace)
+                try:
+                    emit({"test": index, "value": encode(value)})
+                except Unreportable as exc:
+                    emit({"test": index, "unreportable": str(exc)})
+            else:  # a statement: judged by completing without an exception, plus the token at the end
+                name = f"<test {index}>"
+                try:
+                    exec(compile(test["source"], name, "exec"), namespace)
+                except AssertionError as exc:
+                    if not _raised_in(exc, name):
+                        raise
+                    emit({"test": index, "failed": True})
+                    os._exit(0)
+                emit({"test": index, "completed": True})
+    except MemoryError:
+        namespace.clear()  # the program's data is what filled memory; free it so the record can be written
+        try:
+            emit({"memory": True, "test": index if stage == "tests" else -1})
+        except MemoryError:
+            os._exit(MEMORY_EXIT_CODE)
+        os._exit(0)
+    except BaseException as exc:  # SystemExit, KeyboardInterrupt and RecursionError are outcomes too
+        emit({"error": _last_line(exc), "test": index if stage == "tests" else -1})
+        os._exit(0)
+    emit({"done": token})
+    os._exit(0)  # threads or atexit hooks the program left behind get no say after the last record
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
