@@ -7,7 +7,7 @@ DATA ?= ../shared/data
 STUDY_OUT ?= study-out
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install test test-all study clean
+.PHONY: install bubblewrap test test-all study clean
 
 # The stamp is rewritten only after every step succeeded, so an interrupted install is redone next time.
 $(VENV)/.installed: pyproject.toml Makefile
@@ -25,7 +25,18 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m fastscore.embedded --verify
 	touch $@
 
-install: $(VENV)/.installed
+install: bubblewrap $(VENV)/.installed
+
+# MBPP programs run inside bubblewrap (README, "MBPP sandbox"): installed here where we can (root with apt-get; the
+# package lists are refreshed only if the first attempt fails), else make stops with the command to run.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap || \
+	      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; }; \
+	  else \
+	    echo "bubblewrap is missing; install it with: sudo apt-get install -y bubblewrap" >&2; exit 1; \
+	  fi; }
 
 test: install
 	$(PY) -m pytest -m "not slow" -q

@@ -98,9 +98,12 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
 @click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
 @click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A local HF checkpoint folder to use instead of the hub.")
+@click.option("--sandbox", default="bwrap", show_default=True, type=click.Choice(["bwrap", "rlimits"]),
+              help="How MBPP programs run: bwrap (isolated by bubblewrap) or rlimits (limits only, not isolated; "
+                   "the report says so).")
 @_friendly
 def study(model, backend, quant, envs, limit, seed, failures, out, data, resume, threads, max_new_tokens, n_boot,
-          hf_path) -> None:
+          hf_path, sandbox) -> None:
     """Run the corrective-gain study end to end and write its results, report and plots into --out."""
     from fastscore.registry import default_model
     from fastscore.session import default_quant
@@ -111,7 +114,7 @@ def study(model, backend, quant, envs, limit, seed, failures, out, data, resume,
         model=model, backend=backend, quant=quant or default_quant(model),
         envs=tuple(e.strip() for e in envs.split(",") if e.strip()), limit=limit or DEFAULT_LIMIT, seed=seed,
         failures=failures, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot, max_new_tokens=max_new_tokens,
-        hf_path=hf_path, threads=threads,
+        hf_path=hf_path, threads=threads, sandbox=sandbox,
     )  # fmt: skip
     outcome = run_study(config)
     for line in headline(outcome):

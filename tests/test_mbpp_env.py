@@ -26,6 +26,7 @@ from fastscore.study.envs.mbpp.env import (
     record_messages,
 )
 from fastscore.study.envs.mbpp.mutations import KINDS, all_mutants
+from fastscore.study.envs.mbpp.sandbox import use_isolation
 
 REAL_DATA = Path(os.environ.get("FASTSCORE_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 FENCED = re.compile(r"\A```python\n(?:[^\n]*[^\s\n][^\n]*\n|\n)*```\Z")
@@ -228,3 +229,22 @@ def test_on_policy_failure_becomes_a_model_item(synthetic):
 
 def test_module_exposes_the_study_env_protocol():
     assert callable(mbpp_env.context_messages) and callable(mbpp_env.record_messages)
+
+
+def test_a_model_answer_that_games_the_tests_is_not_a_success(synthetic):
+    data_dir, _, _ = synthetic
+    source = next(s for s in load_sources(data_dir) if s.task_id == 12)
+    always_equal = "class Yes(int):\n    def __eq__(self, other):\n        return True\n" \
+                   "def count_evens(xs):\n    return Yes(-1)"  # fmt: skip
+    forged_report = "import os, sys\nos.write(int(sys.argv[2]), b'{\"done\": \"x\"}\\n')\nos._exit(0)"
+    for program in (always_equal, forged_report):
+        outcome = evaluate(source, format_program(program))
+        assert not outcome.passed and outcome.status in ("failed", "crash"), outcome
+
+
+def test_items_are_the_same_under_either_isolation(synthetic):
+    data_dir, items, skipped = synthetic
+    with use_isolation("rlimits"):
+        again, skipped_again = build_items(data_dir, limit=10, seed=3)
+    assert [i.to_json() for i in again] == [i.to_json() for i in items]
+    assert skipped_again == skipped

@@ -245,7 +245,8 @@ def test_private_tmp_is_writable_size_capped_and_gone_afterwards():
     program = "import os\nos.chdir('/tmp')\ntotal = 0\n" \
         "try:\n    for i in range(20):\n        with open(f'f{i}', 'wb') as f:\n" \
         "            f.write(b'x' * (16 * 1024 * 1024 - 1))\n        total += 1\n" \
-        "except OSError as e:\n    raise RuntimeError(f'{total} {e.errno}')\nraise RuntimeError(f'{total} none')"  # fmt: skip
+        "except OSError as e:\n    raise RuntimeError(f'{total} {e.errno}')\n" \
+        "raise RuntimeError(f'{total} none')"  # fmt: skip
     written, errno = raised(run(program, limits=SandboxLimits(timeout_s=10.0, tmp_mb=64))).split()
     assert int(written) <= 4 and errno == "28"  # ENOSPC: 64 MB of /tmp, not 20 files of 16 MB
     assert raised(run("import os\nraise RuntimeError(sorted(os.listdir('/tmp')))")) == "[]"

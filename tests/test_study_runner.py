@@ -251,3 +251,17 @@ def test_store_refuses_resume_with_other_settings_and_fresh_runs_clear_results(t
     assert (tmp_path / "scores.jsonl").exists()
     assert store.start({"seed": 0}, resume=False) is False
     assert not (tmp_path / "scores.jsonl").exists()
+
+
+def test_a_study_without_isolation_says_so_in_its_report(baseline, tmp_path):
+    from fastscore.study.report import write_report
+    from fastscore.study.runner import _report_meta
+
+    note = "MBPP verdicts: rlimits only, not isolated"
+    assert note not in (baseline / "report.md").read_text()  # the default sandbox is bubblewrap
+    for config, said in ((_config(tmp_path, sandbox="rlimits"), True), (_config(tmp_path), False),
+                         (_config(tmp_path, sandbox="rlimits", envs=("tools",)), False)):  # fmt: skip
+        report = write_report({}, tmp_path, _report_meta(config, "w", [], [], {}, False)).read_text()
+        assert (note in report) == said
+    result = CliRunner().invoke(main, ["study", "--sandbox", "chroot", "--out", str(tmp_path / "o")])
+    assert result.exit_code != 0 and "bwrap" in result.output

@@ -44,6 +44,7 @@ def write_report(summary: dict[str, Any], out_dir: Path, meta: dict[str, Any]) -
         "# fastscore study: the corrective gain of a failure record",
         _conventions(),
         "## Weights\n\n" + str(meta.get("weights", NOT_RECORDED)),
+        *([f"**{meta['sandbox_note']}.**"] if meta.get("sandbox_note") else []),
         _run_parameters(meta),
         _stage_timings(meta.get("stage_seconds") or {}),
         _items(summary, meta.get("skipped") or {}),

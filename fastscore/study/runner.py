@@ -25,6 +25,7 @@ from tqdm import tqdm
 from fastscore.errors import DataError
 from fastscore.registry import default_model
 from fastscore.study.conditions import env_module
+from fastscore.study.envs.mbpp.isolation import NOT_ISOLATED_NOTE
 from fastscore.study.items import Item, Skipped
 from fastscore.study.metrics import CONDITIONS, ENVS, read_score_rows, summarize
 from fastscore.study.runner_stages import ModelFailureBuilder, greedy_stage, score_stage
@@ -61,6 +62,7 @@ class StudyConfig:
     max_new_tokens: int | None = None  # greedy token cap; None: ENV_MAX_NEW_TOKENS per environment
     hf_path: Path | None = None
     threads: int | None = None
+    sandbox: str = "bwrap"  # MBPP programs: "bwrap" (isolated) or "rlimits" (not isolated; the report says so)
 
     def new_tokens(self, env: str) -> int:
         return self.max_new_tokens if self.max_new_tokens is not None else ENV_MAX_NEW_TOKENS[env]
@@ -157,8 +159,23 @@ def run_study(
 ) -> StudyOutcome:
     """Run (or resume) the study described by `config`; `after_item(stage, item_id)` is called after each item is
     stored (a hook for progress reporting and for tests that interrupt a run)."""
-    started = time.perf_counter()
     check_config(config)
+    with _mbpp_sandbox(config):
+        return _run_checked_study(config, progress, after_item)
+
+
+def _mbpp_sandbox(config: StudyConfig) -> contextlib.AbstractContextManager:
+    """MBPP programs run under config.sandbox; SandboxUnavailableError before any model loads if it cannot."""
+    if "mbpp" not in config.envs:
+        return contextlib.nullcontext()
+    from fastscore.study.envs.mbpp.sandbox import use_isolation
+
+    return use_isolation(config.sandbox)
+
+
+def _run_checked_study(config: StudyConfig, progress: bool, after_item: Callable[[str, str], None] | None
+                       ) -> StudyOutcome:  # fmt: skip
+    started = time.perf_counter()
     timer = StageTimer()
     store = StudyStore(Path(config.out_dir))
     resumed = store.start(config.result_settings(), config.resume)
@@ -230,6 +247,7 @@ def _report_meta(config: StudyConfig, weights: str, skipped: Sequence[Skipped], 
         "command": shlex.join(["fastscore", *sys.argv[1:]]) + (" (resumed)" if resumed else ""),
         "stage_seconds": {k: round(v, 1) for k, v in stage_seconds.items()},
         "skipped": skipped_counts(skipped, errors),
+        "sandbox_note": NOT_ISOLATED_NOTE if "mbpp" in config.envs and config.sandbox == "rlimits" else None,
     }
 
 

@@ -97,7 +97,8 @@ def _set_limits(memory: int, cpu: int, fsize: int, nproc: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """argv: job.json, records fd, token fd, RLIMIT_AS bytes, RLIMIT_CPU s, RLIMIT_FSIZE bytes, RLIMIT_NPROC (0: none)."""
+    """argv: job.json, records fd, token fd, then RLIMIT_AS bytes, RLIMIT_CPU s, RLIMIT_FSIZE bytes, RLIMIT_NPROC
+    (0: none)."""
     job_path, records_fd, token_fd = argv[0], int(argv[1]), int(argv[2])
     _set_limits(*(int(v) for v in argv[3:7]))
     sys.set_int_max_str_digits(0)  # a program's own big-int printing is not the harness's business

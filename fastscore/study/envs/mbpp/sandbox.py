@@ -122,7 +122,9 @@ def _outcome_without_verdict(
 ) -> RunOutcome:
     """The harness stopped before a decisive record: classify from the exit status, the cgroup and stderr."""
     # bwrap reports a child killed by signal N as exit status 128 + N; a plain subprocess as -N.
-    killed_by = -returncode if returncode < 0 else (returncode - 128 if isolation == "bwrap" and returncode > 128 else 0)
+    killed_by = -returncode if returncode < 0 else 0
+    if isolation == "bwrap" and returncode > 128:
+        killed_by = returncode - 128
     if oom or returncode == MEMORY_EXIT_CODE or "MemoryError" in stderr_tail:
         return _memory_outcome(limits, seconds)
     # RLIMIT_CPU sends SIGXCPU at the soft limit and SIGKILL one second later at the hard limit.
@@ -205,6 +207,17 @@ def _command(isolation: Isolation, inbox: Path, records_fd: int, token_fd: int, 
     return [*python, str(inbox / "harness.py"), str(inbox / "job.json"), *harness_args], inbox
 
 
+def _run_group(limits: SandboxLimits) -> cgroups.RunGroup | None:
+    where = cgroups.layout()
+    if where is None:
+        return None
+    try:
+        return cgroups.RunGroup(where, (limits.memory_mb + limits.tmp_mb) * 1024 * 1024, limits.max_processes)
+    except OSError as exc:
+        log.warning("could not create this run's cgroup (%s); per-process limits only", exc)
+        return None
+
+
 def run_program(
     program: str, tests: Iterable[str], setup_code: str = "", limits: SandboxLimits = SandboxLimits(),
     isolation: Isolation | None = None,
@@ -217,9 +230,7 @@ def run_program(
     isolation = isolation or _default_isolation
     require_isolation(isolation)
     plans = tuple(plan_test(t) for t in tests)
-    where = cgroups.layout()
-    group = cgroups.RunGroup(where, (limits.memory_mb + limits.tmp_mb) * 1024 * 1024, limits.max_processes) \
-        if where is not None else None  # fmt: skip
+    group = _run_group(limits)
     token = secrets.token_hex(16)
     try:
         with tempfile.TemporaryDirectory(prefix="fastscore-sandbox-", ignore_cleanup_errors=True) as tmp:
@@ -263,15 +274,15 @@ def _run(inbox: Path, plans, token: str, limits: SandboxLimits, isolation: Isola
         finally:
             reader.close()
         if decision is not None and decision.status in ("failed", "crash"):
-            _kill(process, group)  # the verdict is settled; whatever the program does next does not matter
+            _kill(process, group, isolation)  # the verdict is settled; what the program does next does not matter
         try:
             returncode = process.wait(timeout=max(0.0, started + limits.timeout_s - time.monotonic()))
         except subprocess.TimeoutExpired:
             timed_out = decision is None
-            _kill(process, group)
+            _kill(process, group, isolation)
             returncode = process.wait()
         seconds = time.monotonic() - started
-        _kill(process, group)  # descendants the program left behind
+        _kill(process, group, isolation)  # descendants the program left behind
         stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - _STDERR_TAIL))
         stderr_tail = stderr.read().decode("utf-8", errors="replace")
     if not judge.started and returncode in (cgroups.JOIN_FAILED_EXIT_CODE, 1) and isolation == "bwrap":
@@ -284,11 +295,13 @@ def _run(inbox: Path, plans, token: str, limits: SandboxLimits, isolation: Isola
     return _outcome_without_verdict(returncode, isolation, stderr_tail, oom, limits, seconds)
 
 
-def _kill(process: subprocess.Popen, group: cgroups.RunGroup | None) -> None:
-    """SIGKILL the run: its session (rlimits mode), bwrap (whose pid namespace then ends), and its cgroup."""
-    for kill in (lambda: os.killpg(process.pid, signal.SIGKILL), process.kill):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            kill()
+def _kill(process: subprocess.Popen, group: cgroups.RunGroup | None, isolation: Isolation) -> None:
+    """SIGKILL the run: bwrap (its pid namespace, with every descendant, ends with it), or the session of a plain
+    subprocess (which a program can leave with setsid: only a cgroup catches those), and the run's cgroup."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if isolation == "rlimits":
+            os.killpg(process.pid, signal.SIGKILL)  # the session leader's pid stays reserved while its group lives
+        process.kill()  # a no-op once the process has been waited for
     if group is not None:
         group.kill_all()
 
