@@ -102,6 +102,9 @@ def main(argv: list[str]) -> None:
     job_path, records_fd, token_fd = argv[0], int(argv[1]), int(argv[2])
     _set_limits(*(int(v) for v in argv[3:7]))
     sys.set_int_max_str_digits(0)  # a program's own big-int printing is not the harness's business
+    # The tests run one frame deeper than at module level (inside main): give that frame back, so a runaway
+    # recursion stops at the same call, with the same message, as when tests ran as top-level statements.
+    sys.setrecursionlimit(sys.getrecursionlimit() + 1)
     token = os.read(token_fd, 256).decode("ascii")
     os.close(token_fd)  # read before any program text runs; the program never sees it in a file, argv or env
     with open(job_path, encoding="utf-8") as f:
