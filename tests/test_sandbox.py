@@ -350,3 +350,14 @@ def test_unknown_isolation_is_a_typed_error():
 def test_output_of_a_run_is_only_the_outcome():
     outcome = run(ADD + "print('noise')\nimport sys\nprint('more', file=sys.stderr)")
     assert outcome.passed and not re.search("noise|more", outcome.message)
+
+
+def test_missing_bubblewrap_is_a_typed_error_naming_the_fix(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    bwrap_problem.cache_clear()
+    try:
+        with pytest.raises(SandboxUnavailableError, match=r"apt-get install -y bubblewrap.*--sandbox rlimits"):
+            run(ADD)
+        assert run(ADD, isolation="rlimits").passed  # the explicit fallback still works
+    finally:
+        bwrap_problem.cache_clear()

@@ -265,3 +265,18 @@ def test_a_study_without_isolation_says_so_in_its_report(baseline, tmp_path):
         assert (note in report) == said
     result = CliRunner().invoke(main, ["study", "--sandbox", "chroot", "--out", str(tmp_path / "o")])
     assert result.exit_code != 0 and "bwrap" in result.output
+
+
+def test_a_study_needing_bubblewrap_where_it_is_missing_stops_before_loading_a_model(data_dir, tmp_path, monkeypatch):
+    from fastscore.errors import SandboxUnavailableError
+    from fastscore.study.envs.mbpp.isolation import bwrap_problem
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    bwrap_problem.cache_clear()
+    try:
+        result = CliRunner().invoke(main, ["study", "--env", "mbpp", "--data", str(data_dir),
+                                           "--out", str(tmp_path / "o")])  # fmt: skip
+    finally:
+        bwrap_problem.cache_clear()
+    assert result.exit_code == SandboxUnavailableError.exit_code, result.output
+    assert "sudo apt-get install -y bubblewrap" in result.output and "Traceback" not in result.output
