@@ -361,3 +361,54 @@ def test_missing_bubblewrap_is_a_typed_error_naming_the_fix(monkeypatch):
         assert run(ADD, isolation="rlimits").passed  # the explicit fallback still works
     finally:
         bwrap_problem.cache_clear()
+
+
+# --- the value channel on its own (no sandbox) ---
+
+
+def test_plain_values_survive_the_channel_exactly():
+    import json
+    from collections import OrderedDict
+
+    from fastscore.study.envs.mbpp.harness import encode
+    from fastscore.study.envs.mbpp.verdict import decode
+
+    values = [None, True, 0, -7, 10**5000, 2.5, float("inf"), 1 + 2j, "é\n", b"\x00\xff", bytearray(b"ab"), [1, [2]],
+              (1, (2, 3)), {"a": (1, 2), (1, 2): [3]}, {1, 2}, frozenset({(1, "x")}), OrderedDict(b=1)]  # fmt: skip
+    for value in values:
+        back = decode(json.loads(json.dumps(encode(value))))
+        assert back == value and type(back) is (dict if isinstance(value, dict) else type(value))
+    assert decode(json.loads(json.dumps(encode(True)))) is True  # not 1
+
+
+def test_values_that_are_not_plain_data_are_refused():
+    from fastscore.study.envs.mbpp.harness import Unreportable, encode
+
+    nested: list = []
+    nested.append(nested)
+    for value in (object(), iter([1]), nested, {"k": lambda: 0}):
+        with pytest.raises(Unreportable):
+            encode(value)
+
+
+def test_forged_records_are_malformed_not_values():
+    from fastscore.study.envs.mbpp.verdict import MalformedRecord, decode, read_record
+
+    for data in ({"tuple": 5}, {"set": [[1]]}, {"x": 1}, {"tuple": [], "set": []}, {"dict": [[1]]}, {"bytes": "zz"}):
+        with pytest.raises(MalformedRecord):
+            decode(data)
+    for line in (b"[1]", b"{", b"[" * 100_000 + b"]" * 100_000):
+        with pytest.raises(MalformedRecord):
+            read_record(line)
+
+
+def test_which_tests_are_judged_by_value():
+    from fastscore.study.envs.mbpp.verdict import plan_test
+
+    assert plan_test("assert f(1) == [1, (2,)]").expected == [1, (2,)]
+    assert plan_test("assert set(f(x)) == set([(1, 2)])").expr == "set(f(x))"
+    assert plan_test("assert 3 == f(1)").expr == "f(1)"
+    assert plan_test("assert f(1) == g(2)").kind == "statement"
+    assert plan_test("assert f(1) == open('x').read()").kind == "statement"
+    assert plan_test("assert f(1)").kind == "statement"
+    assert plan_test("x = 1\nassert f(x) == 1").kind == "statement"
