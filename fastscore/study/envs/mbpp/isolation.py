@@ -105,6 +105,6 @@ def require_isolation(isolation: str) -> None:
         problem = bwrap_problem()
         if problem is not None:
             raise SandboxUnavailableError(
-                f"{problem}. Install it with `{INSTALL_HINT}`, or run MBPP without isolation with --sandbox rlimits "
-                f"(the report then says: {NOT_ISOLATED_NOTE})."
+                f"{problem}. Install it with `{INSTALL_HINT}`, or run the study's MBPP programs without isolation "
+                f"with `fastscore study --sandbox rlimits` (the report then says: {NOT_ISOLATED_NOTE})."
             )
