@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
 
+from fastscore.errors import SandboxUnavailableError
 from fastscore.study.envs.mbpp import cgroups
 from fastscore.study.envs.mbpp.harness import MEMORY_EXIT_CODE
 from fastscore.study.envs.mbpp.isolation import (
@@ -225,7 +226,7 @@ def run_program(
     """Run `program`, then `setup_code`, then each test of `tests` in one fresh sandbox; report the first failure.
 
     `isolation` defaults to the one `use_isolation` set ("bwrap" unless told otherwise); SandboxUnavailableError if
-    bubblewrap is asked for and does not work here.
+    bubblewrap is asked for and does not work here, or if the sandbox fails to start before any program text ran.
     """
     isolation = isolation or _default_isolation
     require_isolation(isolation)
@@ -285,8 +286,9 @@ def _run(inbox: Path, plans, token: str, limits: SandboxLimits, isolation: Isola
         _kill(process, group, isolation)  # descendants the program left behind
         stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - _STDERR_TAIL))
         stderr_tail = stderr.read().decode("utf-8", errors="replace")
-    if not judge.started and returncode in (cgroups.JOIN_FAILED_EXIT_CODE, 1) and isolation == "bwrap":
-        log.warning("the sandbox did not start (exit %s): %s", returncode, stderr_tail.strip()[-500:])
+    if not judge.started and (returncode == cgroups.JOIN_FAILED_EXIT_CODE or stderr_tail.startswith("bwrap:")):
+        # Before the harness's first record no program text has run: this is the host, not the program.
+        raise SandboxUnavailableError(f"the sandbox did not start (exit {returncode}): {stderr_tail.strip()[-500:]}")
     if decision is not None:
         return _outcome(decision, returncode, limits, seconds)
     if timed_out:
