@@ -45,7 +45,7 @@ from fastscore.study.envs.mbpp.harness import MEMORY_EXIT_CODE
 from fastscore.study.envs.mbpp.isolation import (
     ISOLATIONS, Isolation, bwrap_command, child_environment, harness_python, require_isolation,
 )  # fmt: skip
-from fastscore.study.envs.mbpp.verdict import Decision, Judge, MalformedRecord, plan_test, read_record
+from fastscore.study.envs.mbpp.verdict import Decision, Judge, MalformedRecord, TestPlan, plan_test, read_record
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +192,8 @@ def _judge_run(reader: _Reader, judge: Judge) -> Decision | None:
 
 
 def _command(isolation: Isolation, inbox: Path, records_fd: int, token_fd: int, limits: SandboxLimits,
-             bounded: bool) -> tuple[list[str], Path]:  # fmt: skip
-    """The command line and the working directory of the run."""
+             bounded: bool) -> list[str]:  # fmt: skip
+    """The command line of the run (its cwd is `inbox`; under bwrap the program's cwd is its private /tmp)."""
     # Without a cgroup, RLIMIT_NPROC bounds forks under bwrap (it counts per user namespace there); outside a
     # namespace it would count every process of the caller's user, so the rlimits mode goes without.
     nproc = 0 if bounded or isolation == "rlimits" else limits.max_processes
@@ -204,8 +204,8 @@ def _command(isolation: Isolation, inbox: Path, records_fd: int, token_fd: int, 
     python = [harness_python(), "-S", "-s", "-P", "-B"]
     if isolation == "bwrap":
         inside = ["/sandbox/harness.py", "/sandbox/job.json", *harness_args]
-        return bwrap_command(inbox, limits.tmp_mb, [*python, *inside]), inbox
-    return [*python, str(inbox / "harness.py"), str(inbox / "job.json"), *harness_args], inbox
+        return bwrap_command(inbox, limits.tmp_mb, [*python, *inside])
+    return [*python, str(inbox / "harness.py"), str(inbox / "job.json"), *harness_args]
 
 
 def _run_group(limits: SandboxLimits) -> cgroups.RunGroup | None:
@@ -245,13 +245,13 @@ def run_program(
             group.remove()
 
 
-def _run(inbox: Path, plans, token: str, limits: SandboxLimits, isolation: Isolation,
+def _run(inbox: Path, plans: tuple[TestPlan, ...], token: str, limits: SandboxLimits, isolation: Isolation,
          group: cgroups.RunGroup | None) -> RunOutcome:  # fmt: skip
     records_r, records_w = os.pipe()
     token_r, token_w = os.pipe()
     os.write(token_w, token.encode("ascii"))
     os.close(token_w)
-    command, cwd = _command(isolation, inbox, records_w, token_r, limits, group is not None)
+    command = _command(isolation, inbox, records_w, token_r, limits, group is not None)
     if group is not None:
         command = ["/bin/sh", "-c", cgroups.JOIN_AND_EXEC, "sh", str(len(group.procs_files)), *group.procs_files,
                    *command]  # fmt: skip
@@ -259,7 +259,7 @@ def _run(inbox: Path, plans, token: str, limits: SandboxLimits, isolation: Isola
         started = time.monotonic()
         try:
             process = subprocess.Popen(
-                command, cwd=cwd, env=child_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                command, cwd=inbox, env=child_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=stderr, start_new_session=True, close_fds=True, pass_fds=(records_w, token_r),
             )  # fmt: skip
         finally:
