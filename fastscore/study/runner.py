@@ -23,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from fastscore.errors import DataError
+from fastscore.outputs import OutDirLock
 from fastscore.registry import default_model
 from fastscore.study.conditions import env_module
 from fastscore.study.items import Item, Skipped
@@ -108,7 +109,11 @@ class StageTimer:
 
 
 def check_config(config: StudyConfig) -> None:
-    """Typed errors for bad settings and missing data, before any model is loaded."""
+    """Typed errors for bad settings and missing data, before any model is loaded or --out is touched."""
+    from fastscore.resolve import model_source, validate
+
+    validate(config.backend, config.quant)
+    model_source(config.model, config.hf_path)
     unknown = [env for env in config.envs if env not in ENVS]
     if unknown or not config.envs:
         raise DataError(f"unknown environment(s) {unknown or config.envs}: choose from {', '.join(ENVS)}")
@@ -159,13 +164,21 @@ def run_study(
     stored (a hook for progress reporting and for tests that interrupt a run)."""
     started = time.perf_counter()
     check_config(config)
+    with OutDirLock(Path(config.out_dir)):
+        return _run_locked(config, started, progress, after_item)
+
+
+def _run_locked(config: StudyConfig, started: float, progress: bool,
+                after_item: Callable[[str, str], None] | None) -> StudyOutcome:
     timer = StageTimer()
     store = StudyStore(Path(config.out_dir))
-    resumed = store.start(config.result_settings(), config.resume)
+    store.check_resume(config.result_settings(), config.resume)
     envs = {name: env_module(name) for name in config.envs}
     with timer("load model"):
         scorer = _open_scorer(config)
     try:
+        # Only now, with every setting valid and the model loaded, may the previous run's files be replaced.
+        resumed = store.start(config.result_settings(), config.resume)
         with timer("build items"):
             stored = store.load_items() if resumed else None
             if stored is None:

@@ -8,8 +8,10 @@ Files (all in out_dir):
 - scores.jsonl: the final per item x condition rows (metrics.ScoreRow); an item's rows are written together.
 - item_errors.jsonl: items that could not be scored (e.g. a context too long for the model), with the reason.
 
-The three append logs are written one item per write, flushed and fsynced. A kill can leave a partial last line, or
-(for scores.jsonl) some of an item's lines without the rest: on resume both are discarded and the item is redone.
+The three append logs are written one item per write, flushed and fsynced. A kill can leave a partial last line (with
+or without its newline), or (for scores.jsonl) some of an item's lines without the rest: on resume both are discarded
+and the item is redone. A fresh run replaces the previous run's files only once its settings are valid and its model
+is loaded (runner), and a run holds an exclusive lock on its folder (fastscore.outputs.OutDirLock).
 """
 
 from __future__ import annotations
@@ -76,13 +78,18 @@ class AppendLog:
         # After the final newline split() yields "", so a last non-empty element is a line cut short by a kill.
         dropped = 0 if lines[-1] == "" else 1
         groups: dict[str, list[dict[str, Any]]] = {}
-        for number, line in enumerate(lines[:-1], 1):
+        complete_lines = lines[:-1]
+        last_number = max((n for n, line in enumerate(complete_lines, 1) if line.strip()), default=0)
+        for number, line in enumerate(complete_lines, 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
                 key = record["item_id"]
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                if number == last_number:  # the last write was cut short, and its newline still reached the disk
+                    dropped += 1
+                    continue
                 raise DataError(f"{self.path}:{number}: unreadable line ({exc}); delete the file to start over")
             groups.setdefault(key, []).append(record)
         complete = {}
@@ -118,14 +125,7 @@ class StudyStore:
         """
         self.out_dir.mkdir(parents=True, exist_ok=True)
         previous = self.read_config()
-        if resume and previous is not None:
-            differing = sorted(k for k in set(previous) | set(config) if previous.get(k) != config.get(k))
-            if differing:
-                details = "; ".join(f"{k}: was {previous.get(k)!r}, now {config.get(k)!r}" for k in differing)
-                raise ResumeConfigError(
-                    f"cannot resume {self.out_dir}: it was run with a different configuration ({details}). "
-                    "Rerun with the original options, drop --resume to start over, or choose another --out."
-                )
+        if self.check_resume(config, resume):
             log.info("resuming the run in %s", self.out_dir)
             return True
         if resume:
@@ -140,6 +140,20 @@ class StudyStore:
                 self.path(name).unlink(missing_ok=True)
         write_atomic(self.path(CONFIG_FILE), json.dumps(config, indent=2, sort_keys=True) + "\n")
         return False
+
+    def check_resume(self, config: dict[str, Any], resume: bool) -> bool:
+        """Read-only: True when `resume` continues a run of the same `config`; ResumeConfigError for another one."""
+        previous = self.read_config()
+        if not resume or previous is None:
+            return False
+        differing = sorted(k for k in set(previous) | set(config) if previous.get(k) != config.get(k))
+        if differing:
+            details = "; ".join(f"{k}: was {previous.get(k)!r}, now {config.get(k)!r}" for k in differing)
+            raise ResumeConfigError(
+                f"cannot resume {self.out_dir}: it was run with a different configuration ({details}). "
+                "Rerun with the original options, drop --resume to start over, or choose another --out."
+            )
+        return True
 
     def read_config(self) -> dict[str, Any] | None:
         path = self.path(CONFIG_FILE)
