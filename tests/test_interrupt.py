@@ -19,8 +19,9 @@ def test_sigint_aborts_a_long_decode_promptly(smollm_artefact):
     backend = LlamaCppBackend(smollm_artefact("llamacpp", "q4_1").path, n_threads=1, n_ctx=4096,
                               max_group_tokens=4096, progress=False)
     try:
-        # One group of 4000 tokens: a single llama_decode of many seconds on one thread.
-        request = TokenRequest(tokens=tuple(100 + (k * 7919) % 20000 for k in range(4000)), score_from=3990)
+        # One group of 2500 tokens: a single llama_decode of tens of seconds on one thread (measured: 4000 tokens
+        # took 165 s on a loaded machine, and SIGINT took effect 115 s late before the abort callback).
+        request = TokenRequest(tokens=tuple(100 + (k * 7919) % 20000 for k in range(2500)), score_from=2490)
         timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
         started = time.perf_counter()
         timer.start()

@@ -21,10 +21,10 @@ log = logging.getLogger(__name__)
 
 class AbortOnInterrupt:
     def __init__(self, L, ctx) -> None:
+        self.L, self.ctx = L, ctx
         self.requested = False
         # Kept on the instance: llama.cpp holds only the raw function pointer.
         self._callback = L.ggml_abort_callback(self._should_abort)
-        L.llama_set_abort_callback(ctx, self._callback, None)
 
     def _should_abort(self, _data) -> bool:
         return self.requested
@@ -34,17 +34,23 @@ class AbortOnInterrupt:
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:
-        """Around one llama_decode: SIGINT aborts the call, then raises KeyboardInterrupt."""
+        """Around one llama_decode: SIGINT aborts the call, then raises KeyboardInterrupt.
+
+        Only with Python's default SIGINT handler in the main thread; otherwise nothing is installed, because a
+        handler raising inside the callback would be swallowed by ctypes.
+        """
         ours = threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGINT) is signal.default_int_handler  # leave custom handlers alone
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler
         if not ours:
             yield
             return
         self.requested = False
         signal.signal(signal.SIGINT, self._on_sigint)
+        self.L.llama_set_abort_callback(self.ctx, self._callback, None)
         try:
             yield
         finally:
+            self.L.llama_set_abort_callback(self.ctx, self.L.ggml_abort_callback(0), None)
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if self.requested:
             log.info("llama_decode aborted by SIGINT")
