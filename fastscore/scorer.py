@@ -212,7 +212,7 @@ class Scorer:
         try:
             yield
         except FloatingPointError as exc:
-            raise self._damaged(str(exc)) from exc
+            raise self._damaged(f"non-finite logits: {exc}") from exc
 
     def _damaged(self, what: str) -> DamagedArtefactError:
         fix = f"; rebuild it with: {self._weights_repair}" if self._weights_repair else ""

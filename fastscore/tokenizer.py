@@ -105,12 +105,12 @@ class Tokenizer:
             if not isinstance(config, dict):
                 raise ValueError(f"expected a JSON object, got {type(config).__name__}")
         except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise DamagedArtefactError(f"{config_file} cannot be read ({exc})") from exc
+            raise DamagedArtefactError(f"{config_file} is damaged: it cannot be read ({exc})") from exc
         try:
             backend = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
             template = _read_chat_template(folder, config)
         except Exception as exc:  # `tokenizers` raises a bare Exception for a file it cannot parse
-            raise DamagedArtefactError(f"the tokenizer in {folder} cannot be read ({exc})") from exc
+            raise DamagedArtefactError(f"the tokenizer in {folder} is damaged: it cannot be read ({exc})") from exc
         return cls(backend, config, template, name=str(folder))
 
     def _id_of(self, token: str | None) -> int | None:

@@ -114,7 +114,7 @@ def test_a_zeroed_gguf_tail_is_refused_and_the_named_fix_repairs_it(tiny_copy, t
     line = _damaged(_score(model, requests, tmp_path / "bad.jsonl"), "gguf-f32", "--force")
     fix = line.split("rebuild it with: ")[1].split()
     assert fix[:2] == ["fastscore", "convert"]
-    repaired = CliRunner().invoke(main, fix[2:])
+    repaired = CliRunner().invoke(main, fix[1:])
     print(repaired.output)
     assert repaired.exit_code == 0
     again = _score(model, requests, tmp_path / "again.jsonl")
