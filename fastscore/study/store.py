@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fastscore.errors import DataError, ResumeConfigError
+from fastscore.outputs import write_text_atomic
 from fastscore.study.items import Item, Skipped
 
 log = logging.getLogger(__name__)
@@ -37,21 +38,6 @@ SCORES_FILE = "scores.jsonl"
 ITEM_ERRORS_FILE = "item_errors.jsonl"
 SUMMARY_FILE = "summary.json"
 RUN_FILES = (LOGPROBS_FILE, SCORES_FILE, ITEM_ERRORS_FILE, SUMMARY_FILE)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that a reader never sees a half-written file."""
-    # Our own temporary name rather than mkstemp, whose files are private (0600): results are meant to be shared.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _jsonl(records: Iterable[dict[str, Any]]) -> str:
@@ -100,7 +86,7 @@ class AppendLog:
                 dropped += len(records)
         if dropped:
             log.warning("%s: discarded %d line(s) of items a kill left incomplete", self.path.name, dropped)
-            write_atomic(self.path, _jsonl(r for records in complete.values() for r in records))
+            write_text_atomic(self.path, _jsonl(r for records in complete.values() for r in records))
         return complete
 
     def append(self, records: Sequence[dict[str, Any]]) -> None:
@@ -138,7 +124,7 @@ class StudyStore:
             # Items built under another config must not be mistaken for this one's.
             for name in (ITEMS_FILE, SKIPPED_FILE):
                 self.path(name).unlink(missing_ok=True)
-        write_atomic(self.path(CONFIG_FILE), json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_text_atomic(self.path(CONFIG_FILE), json.dumps(config, indent=2, sort_keys=True) + "\n")
         return False
 
     def check_resume(self, config: dict[str, Any], resume: bool) -> bool:
@@ -189,8 +175,8 @@ class StudyStore:
             log.info("items.jsonl unchanged (%d items)", len(items))
             return False
         # skipped first: items.jsonl is the marker that the item set is complete.
-        write_atomic(skipped_path, skipped_text)
-        write_atomic(items_path, items_text)
+        write_text_atomic(skipped_path, skipped_text)
+        write_text_atomic(items_path, items_text)
         return True
 
     # ------------------------------------------------------------ append logs
@@ -210,5 +196,5 @@ class StudyStore:
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = self.path(SUMMARY_FILE)
-        write_atomic(path, json.dumps(summary, indent=2, sort_keys=False, allow_nan=False) + "\n")
+        write_text_atomic(path, json.dumps(summary, indent=2, sort_keys=False, allow_nan=False) + "\n")
         return path
