@@ -127,12 +127,11 @@ def study(model, backend, quant, envs, limit, seed, failures, out, data, resume,
           hf_path) -> None:
     """Run the corrective-gain study end to end and write its results, report and plots into --out."""
     from fastscore.registry import default_model
-    from fastscore.session import default_quant
     from fastscore.study.runner import DEFAULT_LIMIT, StudyConfig, headline, run_study
 
     model = model or default_model()
     config = StudyConfig(
-        model=model, backend=backend, quant=quant or default_quant(model, backend),
+        model=model, backend=backend, quant=quant,
         envs=tuple(e.strip() for e in envs.split(",") if e.strip()), limit=limit or DEFAULT_LIMIT, seed=seed,
         failures=failures, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot, max_new_tokens=max_new_tokens,
         hf_path=hf_path, threads=threads,

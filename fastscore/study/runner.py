@@ -50,7 +50,7 @@ ENV_MAX_NEW_TOKENS = {"tools": 96, "mbpp": 256}
 class StudyConfig:
     model: str = field(default_factory=default_model)
     backend: str = "llamacpp"
-    quant: str = "q4_1"
+    quant: str | None = None  # None: the backend's default quant for the model (session.default_quant)
     envs: tuple[str, ...] = ENVS
     limit: int = DEFAULT_LIMIT  # items per environment
     seed: int = 0
@@ -62,6 +62,12 @@ class StudyConfig:
     max_new_tokens: int | None = None  # greedy token cap; None: ENV_MAX_NEW_TOKENS per environment
     hf_path: Path | None = None
     threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.quant is None:
+            from fastscore.session import default_quant
+
+            object.__setattr__(self, "quant", default_quant(self.model, self.backend))
 
     def new_tokens(self, env: str) -> int:
         return self.max_new_tokens if self.max_new_tokens is not None else ENV_MAX_NEW_TOKENS[env]
