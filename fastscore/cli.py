@@ -86,6 +86,7 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
     if not outputs.is_stdio(out):
         outputs.check_not_an_input(out, [requests])
         outputs.ensure_parent(out)
+        outputs.refuse_unresumed_partial(out, resume)
     model = model or default_model()
     quant = quant or default_quant(model, backend)
     validate(backend, quant)

@@ -56,6 +56,14 @@ def settings_path(out: Path) -> Path:
     return out.with_name(out.name + SETTINGS_SUFFIX)
 
 
+def refuse_unresumed_partial(out: Path, resume: bool) -> None:
+    """A fresh run must not throw away the finished lines of an interrupted one."""
+    partial = partial_path(Path(out))
+    if partial.exists() and not resume:
+        raise OutputError(f"{partial} holds the finished lines of an interrupted run: pass --resume to continue it, "
+                          "or delete it to start over")
+
+
 def fsync_path(path: Path) -> None:
     """fsync a file or a folder (a rename is durable only once its folder is synced)."""
     fd = os.open(path, os.O_RDONLY)
@@ -91,9 +99,7 @@ class PartialOutput:
         if self.partial.exists() and resume:
             self._reopen()
         else:
-            if self.partial.exists():
-                raise OutputError(f"{self.partial} holds the finished lines of an interrupted run: pass --resume to "
-                                  f"continue it, or delete it to start over")
+            refuse_unresumed_partial(self.out, resume)
             if resume:
                 log.warning("nothing to resume for %s (no %s): starting a fresh run", self.out, self.partial.name)
             self._write_settings()

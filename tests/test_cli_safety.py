@@ -79,8 +79,11 @@ def test_a_bad_line_keeps_the_old_output_and_the_lines_before_it(tmp_path, bad, 
     assert message in line and "rerun with --resume" in line
     assert out.read_text() == '{"previous": "valuable results"}\n'
     assert [json.loads(x)["id"] for x in partial_path(out).read_text().splitlines()] == ["a"]
-    # Fixed input, resumed: line 1 is not scored again and OUT becomes the complete output.
+    # Fixed input: a fresh run would discard line 1's result, so it is refused; resumed, line 1 is not scored
+    # again and OUT becomes the complete output.
     _write(requests, [_line(), _line(id="b"), _line(id="c")])
+    fresh = _run(requests, "--out", out)
+    assert fresh.exit_code == 10 and "pass --resume" in _error_line(fresh)
     resumed = _run(requests, "--out", out, "--resume")
     assert resumed.exit_code == 0 and "1 already done" in resumed.output
     assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == ["a", "b", "c"]
