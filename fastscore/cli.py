@@ -269,7 +269,7 @@ def models_list() -> None:
 @_friendly
 def models_verify(names, hf_path) -> None:
     """Hash every cached variant of NAMES (default: every registry model) against what was recorded at build."""
-    from fastscore.conversion.pipeline import verify
+    from fastscore.conversion.verify import verify
     from fastscore.errors import DamagedArtefactError
     from fastscore.registry import all_models
 
