@@ -112,8 +112,9 @@ def run_bench(opts: BenchOptions, scratch_dir: Path | None = None) -> dict:
     needed = list(configs)
     if not opts.skip_reference:
         needed.append(("reference", "fp32"))
-    artefacts = _resolve_all(opts.model, needed)
+    # The data is read before any conversion starts: a wrong --data fails in a second, not after minutes.
     workload = build_workload(opts.data_dir, opts.items_per_env, opts.envs, opts.seed, opts.conditions)
+    artefacts = _resolve_all(opts.model, needed)
     common = {"model": opts.model, "threads": opts.threads, "repeats": opts.repeats}
     with tempfile.TemporaryDirectory(prefix="fastscore-bench-", dir=scratch_dir) as tmp:
         scratch = Path(tmp)

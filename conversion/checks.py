@@ -132,8 +132,11 @@ def compare(
     """Score the probe with `backend_name` on `path` and with `reference` = (backend, path); same token ids."""
     started = time.perf_counter() if started is None else started
     requests = probe_requests(tokenizer_dir)
-    want = score(reference[0], reference[1], requests)
-    got = score(backend_name, path, requests)
+    try:
+        want = score(reference[0], reference[1], requests)
+        got = score(backend_name, path, requests)
+    except FloatingPointError as exc:  # non-finite logits: NaN/inf weights in the variant or its reference
+        raise ConversionCheckError(f"{variant} at {path} (or its reference {reference[1]}): {exc}") from exc
     if not np.isfinite(got).all():
         raise ConversionCheckError(f"{variant} at {path} produced non-finite log-probs")
     diff = np.abs(got - want)

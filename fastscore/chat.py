@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,11 +33,16 @@ ALLOWED_ROLES = ("system", "user", "assistant", "tool")
 
 @dataclass(frozen=True)
 class RenderedConversation:
-    """A conversation rendered to text; `text[start:end]` is the continuation (the live assistant turn's content)."""
+    """A conversation rendered to text; `text[start:end]` is the continuation (the live assistant turn's content).
+
+    `literal_spans`: character ranges of text from the user (special-token text in message contents, and the
+    continuation) that must be tokenized as plain text, never as control tokens.
+    """
 
     text: str
     start: int
     end: int
+    literal_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def continuation(self) -> str:
@@ -116,6 +122,43 @@ def render(
         raise RequestError(f"the chat template rejected the conversation: {exc}", request_id=request_id) from exc
 
 
+def _content_of(message: Message | Mapping[str, Any]):
+    return message["content"] if isinstance(message, Mapping) else message.content
+
+
+def render_literal(
+    template: str,
+    messages: Sequence[Message | Mapping[str, Any]],
+    literal_texts: Sequence[str],
+    **render_kwargs: Any,
+) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """`render`, plus where the rendered text holds any of `literal_texts` (special-token texts) that came from a
+    message's content rather than from the template. Each such occurrence is rendered through a unique marker, so
+    the template's own special tokens and the user's look-alikes are told apart."""
+    nonce = uuid.uuid4().hex
+    markers = {f"\ue002{nonce}:{k}\ue003": text for k, text in enumerate(literal_texts)}
+    if not markers or not any(t in str(_content_of(m)) for m in messages for t in literal_texts):
+        return render(template, messages, **render_kwargs), ()
+    protected = []
+    for message in messages:
+        as_dict = dict(message) if isinstance(message, Mapping) else {"role": message.role, "content": message.content}
+        if isinstance(as_dict.get("content"), str):
+            for marker, text in markers.items():  # longest texts first: <|im_end|> before a shorter prefix of it
+                as_dict["content"] = as_dict["content"].replace(text, marker)
+        protected.append(as_dict)
+    rendered = render(template, protected, **render_kwargs)
+    pattern = re.compile("|".join(re.escape(marker) for marker in markers))
+    out, spans, cursor = [], [], 0
+    for found in pattern.finditer(rendered):
+        out.append(rendered[cursor : found.start()])
+        start = sum(map(len, out))
+        out.append(markers[found.group()])
+        spans.append((start, start + len(markers[found.group()])))
+        cursor = found.end()
+    out.append(rendered[cursor:])
+    return "".join(out), tuple(spans)
+
+
 def render_with_continuation(
     template: str,
     messages: Sequence[Message],
@@ -124,17 +167,20 @@ def render_with_continuation(
     special_tokens: Mapping[str, str | None] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
     request_id: object = None,
+    literal_texts: Sequence[str] = (),
 ) -> RenderedConversation:
     """Render messages + the continuation as the assistant's reply once, and locate the continuation.
 
     The continuation is inserted verbatim: content transformations a template applies (strip, trim) act on the
-    placeholder only, so the scored text is exactly the given continuation.
+    placeholder only, so the scored text is exactly the given continuation. `literal_texts` (the tokenizer's
+    special-token texts) found in the messages' contents are marked in `literal_spans`, and so is the continuation.
     """
     placeholder = f"\ue000fastscore-{uuid.uuid4().hex}\ue001"
     probe = [*messages, Message("assistant", placeholder)]
-    text = render(
+    text, spans = render_literal(
         template,
         probe,
+        literal_texts,
         add_generation_prompt=False,
         special_tokens=special_tokens,
         template_kwargs=template_kwargs,
@@ -148,7 +194,10 @@ def render_with_continuation(
         )
     start = text.index(placeholder)
     full = text[:start] + continuation + text[start + len(placeholder) :]
-    return RenderedConversation(full, start, start + len(continuation))
+    shift = len(continuation) - len(placeholder)
+    moved = tuple((a + shift, b + shift) if a >= start else (a, b) for a, b in spans)
+    literal = tuple(sorted((*moved, (start, start + len(continuation)))))
+    return RenderedConversation(full, start, start + len(continuation), literal)
 
 
 def text_after_assistant_content(

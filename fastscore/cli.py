@@ -12,6 +12,13 @@ import click
 from fastscore.errors import FastscoreError
 
 DEFAULT_DATA = Path("../shared/data")
+INTERRUPTED_EXIT_CODE = 130  # the shell's convention for a SIGINT
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's message and its notes (e.g. where the finished work was kept) on one line."""
+    parts = [str(exc)] if str(exc) else []
+    return "; ".join(parts + list(getattr(exc, "__notes__", ())))
 
 
 def _friendly(func):
@@ -22,8 +29,11 @@ def _friendly(func):
         try:
             return func(*args, **kwargs)
         except FastscoreError as exc:
-            click.echo(f"Error: {exc}", err=True)
+            click.echo(f"Error: {_one_line(exc)}", err=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt as exc:
+            click.echo(f"Interrupted{'; ' + _one_line(exc) if getattr(exc, '__notes__', None) else ''}", err=True)
+            sys.exit(INTERRUPTED_EXIT_CODE)
 
     return wrapper
 
@@ -45,11 +55,12 @@ def models() -> None:
 
 
 @main.command()
-@click.argument("requests", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("requests", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path))
 @click.option("--model", default=None, help="Registry name (default: the registry's default model).")
 @click.option("--backend", default="llamacpp", show_default=True, help="llamacpp, onnx or reference.")
 @click.option("--quant", default=None, help="Weights variant (default: the embedded model's shipped quant, else f32).")
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Output JSONL.")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              help="Output JSONL ('-': stdout). Written as OUT.partial, renamed to OUT once complete.")
 @click.option("--generate", is_flag=True, help="Also decode a greedy reply per request (honouring 'banned').")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -58,22 +69,36 @@ def models() -> None:
 @click.option("--exclude-end-of-turn", is_flag=True, help="Score the continuation without the end-of-turn token.")
 @click.option("--chunk-size", default=64, show_default=True, type=click.IntRange(min=1),
               help="Requests per scorer call (output streams chunk by chunk).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run from OUT.partial (same options required).")
+@click.option("--on-error", default="stop", show_default=True, type=click.Choice(["stop", "skip"]),
+              help="At a bad request line: stop, or skip it and list it with its reason in OUT.skipped.jsonl.")
 @_friendly
 def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_path, threads, exclude_end_of_turn,
-          chunk_size) -> None:
-    """Score each candidate continuation of every request in REQUESTS (JSONL) and write OUT (JSONL)."""
+          chunk_size, resume, on_error) -> None:
+    """Score each candidate continuation of every request in REQUESTS (JSONL, '-': stdin) and write OUT (JSONL)."""
+    from fastscore import outputs
     from fastscore.registry import default_model
     from fastscore.requests_io import score_file
+    from fastscore.resolve import model_source, validate
     from fastscore.session import default_quant, open_scorer
 
+    # Everything that can be refused is refused before the model loads and before anything is written.
+    if not outputs.is_stdio(out):
+        outputs.check_not_an_input(out, [requests])
+        outputs.ensure_parent(out)
+        outputs.refuse_unresumed_partial(out, resume)
     model = model or default_model()
     quant = quant or default_quant(model, backend)
+    validate(backend, quant)
+    model_source(model, hf_path)
     with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads,
                      include_end_of_turn=not exclude_end_of_turn) as scorer:
         summary = score_file(scorer, requests, out, generate=generate, max_new_tokens=max_new_tokens,
-                             chunk_size=chunk_size)
-    click.echo(f"scored {summary.n_requests} requests ({summary.n_candidates} candidates) with {model} "
-               f"[{backend}, {quant}; {scorer.weights_note}] -> {summary.out}", err=True)
+                             chunk_size=chunk_size, resume=resume, on_error=on_error)
+    resumed = f", {summary.n_resumed} already done" if summary.n_resumed else ""
+    skipped = f"; {summary.n_skipped} bad lines skipped, listed in {summary.skipped_file}" if summary.n_skipped else ""
+    click.echo(f"scored {summary.n_requests} requests ({summary.n_candidates} candidates{resumed}) with {model} "
+               f"[{backend}, {quant}; {scorer.weights_note}] -> {summary.out}{skipped}", err=True)
 
 
 @main.command()
@@ -106,12 +131,11 @@ def study(model, backend, quant, envs, limit, seed, failures, out, data, resume,
           hf_path, sandbox) -> None:
     """Run the corrective-gain study end to end and write its results, report and plots into --out."""
     from fastscore.registry import default_model
-    from fastscore.session import default_quant
     from fastscore.study.runner import DEFAULT_LIMIT, StudyConfig, headline, run_study
 
     model = model or default_model()
     config = StudyConfig(
-        model=model, backend=backend, quant=quant or default_quant(model),
+        model=model, backend=backend, quant=quant,
         envs=tuple(e.strip() for e in envs.split(",") if e.strip()), limit=limit or DEFAULT_LIMIT, seed=seed,
         failures=failures, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot, max_new_tokens=max_new_tokens,
         hf_path=hf_path, threads=threads, sandbox=sandbox,
@@ -157,9 +181,15 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
     """Benchmark every backend side by side on the same study requests: a table, then one JSON line."""
     import os
 
+    from fastscore import outputs
     from fastscore.bench.run import BenchOptions, run_bench
     from fastscore.bench.table import json_line, render
     from fastscore.registry import default_model
+    from fastscore.resolve import model_source
+
+    model_source(model or default_model())
+    if json_out is not None:
+        outputs.ensure_parent(json_out)
 
     opts = BenchOptions(
         model=model or default_model(), data_dir=data, items_per_env=limit, envs=_bench_list(envs),
@@ -173,7 +203,7 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
     line = json_line(summary)
     click.echo(line)
     if json_out is not None:
-        json_out.write_text(line + "\n", encoding="utf-8")
+        outputs.write_text_atomic(json_out, line + "\n")
 
 
 @main.command("quant-check")
@@ -235,21 +265,44 @@ def models_list() -> None:
         click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
+@models.command("verify")
+@click.argument("names", nargs=-1)
+@click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The local HF checkpoint folder the variants were converted from.")
+@_friendly
+def models_verify(names, hf_path) -> None:
+    """Hash every cached variant of NAMES (default: every registry model) against what was recorded at build."""
+    from fastscore.conversion.verify import verify
+    from fastscore.errors import DamagedArtefactError
+    from fastscore.registry import all_models
+
+    results = [r for name in (names or [e.name for e in all_models()]) for r in verify(name, hf_path)]
+    for result in results:
+        click.echo(result.line())
+    damaged = [r for r in results if r.problems]
+    click.echo(f"{len(results)} artefacts checked, {len(damaged)} damaged")
+    if damaged:
+        raise DamagedArtefactError(f"{len(damaged)} damaged artefact(s): " + "; ".join(
+            f"{r.model} {r.variant} (fix: {r.fix})" for r in damaged))
+
+
 @main.command()
 @click.argument("model")
 @click.option("--gguf", default="", help="Comma-separated GGUF types: f32,f16,q8_0,q6_k,q5_k_m,q4_k_m,q4_0,q4_1.")
 @click.option("--onnx", default="", help="Comma-separated ONNX types: fp32,int8.")
 @click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A local HF checkpoint folder to convert instead of fetching the hub.")
+@click.option("--force", is_flag=True,
+              help="Rebuild the requested variants even if cached (none requested: the tokenizer and hf-fp32).")
 @_friendly
-def convert(model, gguf, onnx, hf_path) -> None:
+def convert(model, gguf, onnx, hf_path, force) -> None:
     """Build MODEL's fp32 HF reference and the requested variants; print each read-back check."""
     import time
 
     from fastscore.conversion.pipeline import convert as convert_variants
 
     started = time.perf_counter()
-    results = convert_variants(model, gguf=_csv(gguf), onnx=_csv(onnx), hf_path=hf_path)
+    results = convert_variants(model, gguf=_csv(gguf), onnx=_csv(onnx), hf_path=hf_path, force=force)
     for result in results:
         click.echo(result.line())
     click.echo(f"{len(results)} variants ready in {time.perf_counter() - started:.1f} s")

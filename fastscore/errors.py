@@ -44,6 +44,11 @@ class ModelLoadError(ArtefactUnavailableError):
     """An artefact exists but the backend cannot load it (not a valid file, unsupported architecture)."""
 
 
+class DamagedArtefactError(ModelLoadError):
+    """A cached or shipped artefact is not what was built: wrong size or hash, unreadable, or non-finite weights.
+    The message names the artefact and the command that rebuilds it."""
+
+
 class BackendError(FastscoreError):
     """The inference engine failed at run time (e.g. llama_decode returned an error)."""
 
@@ -108,3 +113,9 @@ class SandboxUnavailableError(FastscoreError):
     """The isolating sandbox (bubblewrap) is missing or cannot create its namespaces on this host."""
 
     exit_code = 3
+
+
+class OutputError(FastscoreError):
+    """An output cannot be written safely: it is an input, another run holds it, or it is not writable."""
+
+    exit_code = 10

@@ -2,8 +2,11 @@
 
 Input line: {"id": ..., "messages": [{"role": ..., "content": ...}, ...], "candidates": ["...", ...],
 "banned": ["...", ...]} ("banned" is optional and only used with greedy generation). The file is read lazily and
-validated line by line; a bad line raises RequestError naming its line (1-based) and id. Output is written and
-flushed line by line, so every valid line before an error is in the output file.
+validated line by line; a bad line (bad JSON, bad UTF-8, a lone surrogate, nesting too deep, a bad field) raises
+RequestError naming its line (1-based) and id, or with on_error="skip" is listed in OUT.skipped.jsonl instead.
+Output goes to OUT.partial and is renamed over OUT only once complete (fastscore.outputs): a failed run leaves OUT
+untouched and every valid line before the error in OUT.partial, where `resume=True` continues it. "-" reads stdin
+or writes stdout (streamed, not atomic, no resume).
 
 Output line: {"id", "scored_end_of_turn", "candidates": [{"text", "logprob", "n_tokens", "logprob_per_token",
 "token_logprobs", "token_is_argmax", "boundary_straddles", "prob", "prob_per_token"}, ...]} and, when generating,
@@ -12,8 +15,11 @@ Output line: {"id", "scored_end_of_turn", "candidates": [{"text", "logprob", "n_
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +28,13 @@ from typing import IO, Any
 from tqdm.auto import tqdm
 
 from fastscore.chat import ALLOWED_ROLES
-from fastscore.errors import FastscoreError, RequestError
+from fastscore.errors import DamagedArtefactError, FastscoreError, OutputError, RequestError
+from fastscore.outputs import PartialOutput, check_not_an_input, is_stdio, write_text_atomic
 from fastscore.records import CandidateSet, CandidateSetResult, GreedyRequest, GreedyResult, Message
 
 log = logging.getLogger(__name__)
+
+SKIPPED_SUFFIX = ".skipped.jsonl"  # beside OUT: the lines on_error="skip" set aside, with their reasons
 
 
 @dataclass(frozen=True)
@@ -47,11 +56,26 @@ def _string_list(value: Any, field: str, line: int, rid: object) -> tuple[str, .
     return tuple(value)
 
 
+def _decode_line(data: bytes, line: int) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at byte {exc.start + 1} of the line)",
+                           line=line) from None
+
+
 def parse_record(text: str, line: int) -> InputRecord:
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RequestError(f"malformed JSON: {exc.msg} (at character {exc.pos + 1})", line=line) from None
+    except RecursionError:
+        raise RequestError("JSON nested too deeply", line=line) from None
+    try:  # JSON may spell lone surrogates ("\\ud800"), which are not text and no tokenizer accepts
+        json.dumps(raw, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"contains a lone surrogate ({exc.object[exc.start]!r}), which is not valid text",
+                           line=line, request_id=raw.get("id") if isinstance(raw, dict) else None) from None
     if not isinstance(raw, dict):
         raise RequestError(f"expected a JSON object, got {type(raw).__name__}", line=line)
     for field in ("id", "messages", "candidates"):
@@ -85,18 +109,30 @@ def parse_record(text: str, line: int) -> InputRecord:
     return InputRecord(line, rid, tuple(messages), candidates, banned)
 
 
-def read_requests(path: Path | str) -> Iterator[InputRecord]:
+def read_requests(source: Path | str | IO[bytes]) -> Iterator[InputRecord]:
     """Parse and validate a JSONL request file lazily; blank lines are skipped; ids must be unique."""
+    for record in iter_requests(source):
+        if isinstance(record, RequestError):
+            raise record
+        yield record
+
+
+def iter_requests(source: Path | str | IO[bytes]) -> Iterator[InputRecord | RequestError]:
+    """read_requests, but a bad line is yielded as its RequestError, so the caller decides to stop or skip it."""
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as fh:
-        for line, text in enumerate(fh, start=1):
-            if not text.strip():
+    with contextlib.ExitStack() as stack:
+        fh = source if hasattr(source, "read") else stack.enter_context(open(source, "rb"))
+        for line, data in enumerate(fh, start=1):
+            if not data.strip():
                 continue
-            record = parse_record(text, line)
-            if record.key in seen:
-                raise RequestError(
-                    f"duplicate id (first used on line {seen[record.key]})", line=line, request_id=record.id
-                )
+            try:
+                record = parse_record(_decode_line(data, line), line)
+                if record.key in seen:
+                    raise RequestError(f"duplicate id (first used on line {seen[record.key]})", line=line,
+                                       request_id=record.id)
+            except RequestError as exc:
+                yield exc
+                continue
             seen[record.key] = line
             yield record
 
@@ -140,52 +176,99 @@ def _compute(scorer, records: Sequence[InputRecord], generate: bool, max_new_tok
     return [output_line(r, s, g) for r, s, g in zip(records, scored, greedy, strict=True)]
 
 
-def _write(fh: IO[str], lines: Sequence[dict]) -> None:
-    for line in lines:
-        fh.write(json.dumps(line, ensure_ascii=False) + "\n")
-        fh.flush()
-
-
 @dataclass(frozen=True)
 class FileSummary:
-    n_requests: int
+    n_requests: int  # scored by this call
     n_candidates: int
-    out: Path
+    out: Path | str
+    n_resumed: int = 0  # already in the output when resuming
+    n_skipped: int = 0  # bad lines listed in the skipped file (on_error="skip")
+    skipped_file: Path | None = None
+
+
+class _Sink:
+    """Where finished lines go: OUT.partial (atomic on commit) or stdout (streamed)."""
+
+    def __init__(self, out: Path | str, settings: dict, resume: bool) -> None:
+        self.stdout = is_stdio(out)
+        if self.stdout:
+            if resume:
+                raise OutputError("--resume needs an output file, not stdout")
+            self.partial, self.done = None, set()
+        else:
+            self.partial = PartialOutput(Path(out), settings, resume)
+            self.done = self.partial.done
+
+    def write(self, lines: Sequence[dict]) -> None:
+        if self.partial is not None:
+            self.partial.write(lines)
+            return
+        for line in lines:
+            sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
 
 
 class _ChunkWriter:
     """Computes and writes one chunk; if the chunk fails, redoes it line by line so the lines before the bad
-    one are written, and the error names the bad line."""
+    one are written, and the error names the bad line (or, skipping, the bad line is set aside)."""
 
-    def __init__(self, scorer, fh: IO[str], bar, generate: bool, max_new_tokens: int) -> None:
-        self.scorer, self.fh, self.bar = scorer, fh, bar
-        self.generate, self.max_new_tokens = generate, max_new_tokens
+    def __init__(self, scorer, sink: _Sink, bar, generate: bool, max_new_tokens: int, skip: bool) -> None:
+        self.scorer, self.sink, self.bar = scorer, sink, bar
+        self.generate, self.max_new_tokens, self.skip = generate, max_new_tokens, skip
         self.n_requests = self.n_candidates = 0
+        self.skipped: list[dict] = []
 
     def flush(self, chunk: list[InputRecord]) -> None:
         if not chunk:
             return
         try:
             lines = _compute(self.scorer, chunk, self.generate, self.max_new_tokens)
+        except DamagedArtefactError:
+            raise
         except FastscoreError as chunk_error:
             for record in chunk:
                 try:
                     lines = _compute(self.scorer, [record], self.generate, self.max_new_tokens)
                 except RequestError as exc:
-                    if exc.line is None:
-                        raise type(exc)(str(exc), line=record.line) from exc
-                    raise
+                    error = exc if exc.line is not None else type(exc)(str(exc), line=record.line)
+                    self.set_aside(error, record.id)
+                    continue
                 self._done([record], lines)
-            log.warning("lines %d-%d failed together but not one by one (%s); scored them one by one",
+            log.warning("lines %d-%d failed together (%s); scored them one by one",
                         chunk[0].line, chunk[-1].line, chunk_error)
             return
         self._done(chunk, lines)
 
+    def set_aside(self, error: RequestError, request_id: object = None) -> None:
+        if not self.skip:
+            raise error
+        log.warning("skipped %s", error)
+        self.skipped.append({"line": error.line, "id": request_id if request_id is not None else error.request_id,
+                             "error": str(error)})
+        self.bar.update(1)
+
     def _done(self, records: Sequence[InputRecord], lines: Sequence[dict]) -> None:
-        _write(self.fh, lines)
+        self.sink.write(lines)
         self.n_requests += len(records)
         self.n_candidates += sum(len(r.candidates) for r in records)
         self.bar.update(len(records))
+
+
+def _read_source(requests: Path | str) -> tuple[IO[bytes], int]:
+    """A binary stream of the requests (stdin is read whole: it is read twice) and its number of non-blank lines."""
+    if is_stdio(requests):
+        data = sys.stdin.buffer.read()
+        return io.BytesIO(data), sum(1 for line in data.splitlines() if line.strip())
+    with open(requests, "rb") as fh:
+        total = sum(1 for line in fh if line.strip())
+    return open(requests, "rb"), total
+
+
+def score_settings(scorer, generate: bool, max_new_tokens: int) -> dict[str, Any]:
+    """What decides an output line's numbers: a resumed output must be continued with the same."""
+    return {"backend": scorer.backend.name, "weights": str(scorer.backend.path), "weights_note": scorer.weights_note,
+            "include_end_of_turn": scorer.include_end_of_turn, "generate": generate,
+            "max_new_tokens": max_new_tokens if generate else None}
 
 
 def score_file(
@@ -197,30 +280,63 @@ def score_file(
     max_new_tokens: int = 128,
     chunk_size: int = 64,
     progress: bool = True,
+    resume: bool = False,
+    on_error: str = "stop",
 ) -> FileSummary:
-    """Score every line of `requests_path` into `out_path`, `chunk_size` lines per scorer call, streaming output."""
-    requests_path, out_path = Path(requests_path), Path(out_path)
-    with open(requests_path, encoding="utf-8") as fh:
-        total = sum(1 for text in fh if text.strip())
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_path, "w", encoding="utf-8") as out, tqdm(
-        total=total, unit="req", desc="scoring", disable=not progress, dynamic_ncols=True
-    ) as bar:
-        writer = _ChunkWriter(scorer, out, bar, generate, max_new_tokens)
+    """Score every line of `requests_path` into `out_path`, `chunk_size` lines per scorer call ("-": stdin/stdout).
+
+    The output is written to OUT.partial and renamed over OUT when every line is done. With `resume`, the ids
+    already in OUT.partial are not scored again. on_error="skip" sets bad lines aside in OUT.skipped.jsonl (with
+    their reasons) instead of stopping at the first.
+    """
+    if on_error not in ("stop", "skip"):
+        raise ValueError(f"on_error must be 'stop' or 'skip', not {on_error!r}")
+    if not is_stdio(out_path):
+        check_not_an_input(Path(out_path), [requests_path])
+    source, total = _read_source(requests_path)
+    with source:
+        sink = _Sink(out_path, score_settings(scorer, generate, max_new_tokens), resume)
+        try:
+            summary = _score_stream(scorer, source, total, sink, out_path, generate, max_new_tokens, chunk_size,
+                                    progress, on_error == "skip")
+        except BaseException as exc:
+            if sink.partial is not None:
+                sink.partial.close()
+                if sink.partial.n_written:
+                    exc.add_note(f"the {sink.partial.n_written} finished lines are kept in {sink.partial.partial}: "
+                                 "rerun with --resume to continue")
+            raise
+    log.info("scored %d requests (%d candidates) into %s", summary.n_requests, summary.n_candidates, out_path)
+    return summary
+
+
+def _score_stream(scorer, source: IO[bytes], total: int, sink: _Sink, out_path, generate: bool, max_new_tokens: int,
+                  chunk_size: int, progress: bool, skip: bool) -> FileSummary:
+    with tqdm(total=total, initial=len(sink.done), unit="req", desc="scoring", disable=not progress,
+              dynamic_ncols=True, file=sys.stderr) as bar:
+        writer = _ChunkWriter(scorer, sink, bar, generate, max_new_tokens, skip)
         chunk: list[InputRecord] = []
-        records = read_requests(requests_path)
-        while True:
-            try:
-                record = next(records)
-            except StopIteration:
-                break
-            except RequestError:
+        for record in iter_requests(source):
+            if isinstance(record, RequestError):
                 writer.flush(chunk)  # the valid lines read before the bad one are written first
-                raise
+                chunk = []
+                writer.set_aside(record)
+                continue
+            if record.key in sink.done:
+                continue
             chunk.append(record)
             if len(chunk) >= chunk_size:
                 writer.flush(chunk)
                 chunk = []
         writer.flush(chunk)
-    log.info("scored %d requests (%d candidates) into %s", writer.n_requests, writer.n_candidates, out_path)
-    return FileSummary(writer.n_requests, writer.n_candidates, out_path)
+    skipped_file = None
+    if not sink.stdout:
+        skipped_file = Path(out_path).with_name(Path(out_path).name + SKIPPED_SUFFIX)
+        if writer.skipped:
+            write_text_atomic(skipped_file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in writer.skipped))
+        else:
+            skipped_file.unlink(missing_ok=True)  # a previous run's list would now be wrong
+            skipped_file = None
+        sink.partial.commit()
+    return FileSummary(writer.n_requests, writer.n_candidates, out_path, len(sink.done), len(writer.skipped),
+                       skipped_file)

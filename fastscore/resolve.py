@@ -37,6 +37,9 @@ class Artefact:
     tokenizer_dir: Path
     chat_template_kwargs: Mapping = field(default_factory=lambda: MappingProxyType({}))
     weights_note: str = ""
+    # The commands that rebuild the weights and the tokenizer when they turn out damaged at run time.
+    weights_repair: str = ""
+    tokenizer_repair: str = ""
 
 
 @dataclass(frozen=True)

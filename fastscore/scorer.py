@@ -14,6 +14,7 @@ common context of all candidates of many contexts at once.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,7 +26,13 @@ import numpy as np
 from fastscore import chat
 from fastscore.backends.base import Backend
 from fastscore.decode import greedy_decode
-from fastscore.errors import ContextTooLongError, FastscoreError, RequestError, TokenizationError
+from fastscore.errors import (
+    ContextTooLongError,
+    DamagedArtefactError,
+    FastscoreError,
+    RequestError,
+    TokenizationError,
+)
 from fastscore.records import (
     CandidateSet,
     CandidateSetResult,
@@ -67,6 +74,7 @@ class Scorer:
         max_batch_tokens: int = 65_536,
         max_decode_batch: int = 32,
         weights_note: str = "",
+        weights_repair: str = "",
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
@@ -75,6 +83,7 @@ class Scorer:
         self.max_batch_tokens = max_batch_tokens
         self.max_decode_batch = max_decode_batch
         self._weights_note = weights_note
+        self._weights_repair = weights_repair
         self._template = tokenizer.require_chat_template()
 
     @property
@@ -113,15 +122,16 @@ class Scorer:
     def context_ids(self, messages, request_id: object = None) -> list[int]:
         """Token ids of the messages rendered with a generation prompt (the context greedy decoding continues)."""
         chat.check_messages(messages, request_id)
-        text = chat.render(
+        text, literal_spans = chat.render_literal(
             self._template,
             messages,
+            self.tokenizer.special_texts,
             add_generation_prompt=True,
             special_tokens=self.tokenizer.special_token_variables,
             template_kwargs=self.chat_template_kwargs,
             request_id=request_id,
         )
-        enc = self.tokenizer.encode(text)
+        enc = self.tokenizer.encode(text, literal_spans)
         ids, _, _ = self._with_bos(enc.ids, enc.starts, enc.ends, request_id)
         return [int(i) for i in ids]
 
@@ -138,8 +148,9 @@ class Scorer:
             special_tokens=self.tokenizer.special_token_variables,
             template_kwargs=self.chat_template_kwargs,
             request_id=rid,
+            literal_texts=self.tokenizer.special_texts,
         )
-        enc = self.tokenizer.encode(rendered.text)
+        enc = self.tokenizer.encode(rendered.text, rendered.literal_spans)
         ids, starts, ends = self._with_bos(enc.ids, enc.starts, enc.ends, rid)
         lo, hi = rendered.start, rendered.end
         overlaps = ((starts < hi) & (ends > lo)) | ((starts == ends) & (starts > lo) & (starts < hi))
@@ -189,14 +200,29 @@ class Scorer:
         prepared = [self.prepare(request) for request in requests]  # every input error surfaces before compute
         results: list[ScoreResult] = []
         for batch in self._batches(prepared):
-            scores = self.backend.score_tokens([item.token_request for item in batch])
+            with self._finite_weights():
+                scores = self.backend.score_tokens([item.token_request for item in batch])
             for item, token_scores in zip(batch, scores, strict=True):
                 results.append(self._result(item, token_scores))
         return results
 
+    @contextlib.contextmanager
+    def _finite_weights(self):
+        """Non-finite logits mean damaged weights (NaN/inf in a tensor): name the file and how to rebuild it."""
+        try:
+            yield
+        except FloatingPointError as exc:
+            raise self._damaged(f"non-finite logits: {exc}") from exc
+
+    def _damaged(self, what: str) -> DamagedArtefactError:
+        fix = f"; rebuild it with: {self._weights_repair}" if self._weights_repair else ""
+        return DamagedArtefactError(f"the weights in {self.backend.path} are damaged ({what}){fix}")
+
     def _result(self, item: PreparedRequest, token_scores) -> ScoreResult:
         tr = item.token_request
         logprobs = np.asarray(token_scores.logprobs, dtype=np.float64)
+        if logprobs.shape == (tr.n_scored,) and not np.all(np.isfinite(logprobs)):
+            raise self._damaged(f"request {item.request.id!r} got non-finite log-probs")
         if logprobs.shape != (tr.n_scored,) or not np.all(np.isfinite(logprobs)):
             raise FastscoreError(
                 f"request {item.request.id!r}: backend {self.backend.name!r} returned invalid log-probs "
@@ -260,14 +286,15 @@ class Scorer:
         results: list[GreedyResult] = []
         for lo in range(0, len(requests), self.max_decode_batch):
             chunk = requests[lo : lo + self.max_decode_batch]
-            decoded = greedy_decode(
-                self._open_decoder(max_new_tokens),
-                contexts[lo : lo + self.max_decode_batch],
-                token_bytes=self.tokenizer.token_bytes,
-                stop_ids=self.tokenizer.stop_ids,
-                max_new_tokens=max_new_tokens,
-                banned=[request.banned for request in chunk],
-            )
+            with self._finite_weights():
+                decoded = greedy_decode(
+                    self._open_decoder(max_new_tokens),
+                    contexts[lo : lo + self.max_decode_batch],
+                    token_bytes=self.tokenizer.token_bytes,
+                    stop_ids=self.tokenizer.stop_ids,
+                    max_new_tokens=max_new_tokens,
+                    banned=[request.banned for request in chunk],
+                )
             for request, d in zip(chunk, decoded, strict=True):
                 results.append(
                     GreedyResult(

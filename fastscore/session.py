@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from fastscore import backends, registry
+from fastscore.errors import DamagedArtefactError
 from fastscore.scorer import Scorer
 from fastscore.tokenizer import Tokenizer
 
@@ -37,7 +38,10 @@ def open_scorer(
     from fastscore.resolve import resolve
 
     artefact = resolve(model, backend, quant, hf_path=hf_path, progress=progress)
-    tokenizer = Tokenizer.from_folder(artefact.tokenizer_dir)
+    try:
+        tokenizer = Tokenizer.from_folder(artefact.tokenizer_dir)
+    except DamagedArtefactError as exc:
+        raise DamagedArtefactError(f"{exc}; rebuild it with: {artefact.tokenizer_repair}") from exc
     engine = backends.load(backend, artefact.path, n_threads=n_threads)
     log.info("opened %s on %s (%s): %s", model, backend, quant, artefact.weights_note)
     try:
@@ -46,6 +50,7 @@ def open_scorer(
             tokenizer,
             chat_template_kwargs=artefact.chat_template_kwargs,
             weights_note=artefact.weights_note,
+            weights_repair=artefact.weights_repair,
             **opts,
         )
     except BaseException:

@@ -1,8 +1,11 @@
 """One tokenizer for every backend: a Hugging Face tokenizer folder read with the `tokenizers` library.
 
 `Tokenizer.from_folder(dir)` reads tokenizer.json, tokenizer_config.json and chat_template.jinja (newer transformers
-writes the template there). Encoding parses special tokens written in the text as specials, adds no BOS (the scorer
-decides, see `add_bos`) and keeps untrimmed character offsets, so each token's span covers exactly its characters.
+writes the template there). Encoding parses special tokens written by the chat template as specials, but not special
+token text inside message contents or candidates (`literal_spans`): a literal "<|im_end|>" in a message is its
+characters, as llama.cpp's tokenizer reads it with parse_special=False, so content cannot inject chat structure.
+It adds no BOS (the scorer decides, see `add_bos`) and keeps untrimmed character offsets, so each token's span
+covers exactly its characters.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 
 from fastscore import chat
 from fastscore.deps import require
-from fastscore.errors import TokenizationError
+from fastscore.errors import DamagedArtefactError, TokenizationError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,10 @@ def _token_content(value: Any) -> str | None:
     if isinstance(value, Mapping):
         return value.get("content")
     return value
+
+
+def _overlaps(span: np.ndarray, ranges: Sequence[tuple[int, int]]) -> bool:
+    return any(span[0] < end and span[1] > start for start, end in ranges)
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -93,9 +100,18 @@ class Tokenizer:
         if not (folder / "tokenizer.json").is_file():
             raise TokenizationError(f"{folder} has no tokenizer.json")
         config_file = folder / "tokenizer_config.json"
-        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-        backend = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
-        return cls(backend, config, _read_chat_template(folder, config), name=str(folder))
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+            if not isinstance(config, dict):
+                raise ValueError(f"expected a JSON object, got {type(config).__name__}")
+        except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise DamagedArtefactError(f"{config_file} is damaged: it cannot be read ({exc})") from exc
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+            template = _read_chat_template(folder, config)
+        except Exception as exc:  # `tokenizers` raises a bare Exception for a file it cannot parse
+            raise DamagedArtefactError(f"the tokenizer in {folder} is damaged: it cannot be read ({exc})") from exc
+        return cls(backend, config, template, name=str(folder))
 
     def _id_of(self, token: str | None) -> int | None:
         return None if token is None else self._tok.token_to_id(token)
@@ -109,11 +125,44 @@ class Tokenizer:
 
     # --- text <-> ids ---
 
-    def encode(self, text: str) -> Encoding:
-        """Ids of `text` with special tokens in it parsed as specials, no BOS added; untrimmed char offsets."""
+    @cached_property
+    def special_texts(self) -> tuple[str, ...]:
+        """The texts the tokenizer parses as control tokens (special added tokens), longest first."""
+        texts = {t.content for i, t in self._tok.get_added_tokens_decoder().items() if i in self.special_ids}
+        return tuple(sorted(texts, key=lambda t: (-len(t), t)))
+
+    def encode(self, text: str, literal_spans: Sequence[tuple[int, int]] = ()) -> Encoding:
+        """Ids of `text`, no BOS added, untrimmed char offsets. Special-token text is parsed as the special token,
+        except inside `literal_spans` ([start, end) character ranges: user content), where it stays plain text."""
         enc = self._tok.encode(text, add_special_tokens=False)
+        ids = np.asarray(enc.ids, dtype=np.int64)
         offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
-        return Encoding(np.asarray(enc.ids, dtype=np.int64), offsets[:, 0].copy(), offsets[:, 1].copy())
+        if literal_spans:
+            special = [k for k, token in enumerate(enc.ids) if token in self.special_ids]
+            inside = [k for k in special if _overlaps(offsets[k], literal_spans)]
+            if inside:
+                ids, offsets = self._encode_around(text, [k for k in special if k not in inside], ids, offsets)
+        return Encoding(ids, offsets[:, 0].copy(), offsets[:, 1].copy())
+
+    def _encode_around(self, text: str, kept: Sequence[int], ids: np.ndarray, offsets: np.ndarray):
+        """Re-encode the text between the kept special tokens with special-token parsing off. `tokenizers` itself
+        splits at every special token and encodes the pieces apart, so merges across the pieces never existed."""
+        pieces_ids, pieces_offsets, cursor = [], [], 0
+        bounds = [(int(offsets[k, 0]), int(offsets[k, 1]), k) for k in kept] + [(len(text), len(text), None)]
+        self._tok.encode_special_tokens = True
+        try:
+            for start, end, k in bounds:
+                if start > cursor:
+                    piece = self._tok.encode(text[cursor:start], add_special_tokens=False)
+                    pieces_ids.append(np.asarray(piece.ids, dtype=np.int64))
+                    pieces_offsets.append(np.asarray(piece.offsets, dtype=np.int64).reshape(-1, 2) + cursor)
+                if k is not None:
+                    pieces_ids.append(ids[k : k + 1])
+                    pieces_offsets.append(offsets[k : k + 1])
+                cursor = max(cursor, end)
+        finally:
+            self._tok.encode_special_tokens = False
+        return np.concatenate(pieces_ids), np.concatenate(pieces_offsets)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fastscore.backends.llamacpp_abort import AbortOnInterrupt
 from fastscore.errors import BackendError
 from fastscore.records import EngineStats
 from fastscore.engine.plan import Batch
@@ -96,6 +97,7 @@ class LlamaSession:
     def __init__(self, L, ctx, buffer: BatchBuffer, n_vocab: int, stats: EngineStats, owns_ctx: bool) -> None:
         self.L, self.ctx, self.buffer, self.owns_ctx = L, ctx, buffer, owns_ctx
         self.n_vocab, self.stats = n_vocab, stats
+        self.abort = AbortOnInterrupt(L, ctx)
 
     def clear(self) -> None:
         # data=False: resetting the cell metadata is enough, stale K/V values are never attended to.
@@ -103,7 +105,8 @@ class LlamaSession:
 
     def forward(self, batch: Batch) -> np.ndarray:
         self.buffer.fill(batch)
-        rc = self.L.llama_decode(self.ctx, self.buffer.batch)
+        with self.abort.guard():
+            rc = self.L.llama_decode(self.ctx, self.buffer.batch)
         self.stats.forward_calls += 1
         if rc == 1:
             raise BackendError("llama.cpp's KV cache is full (more tokens than the context was sized for)")

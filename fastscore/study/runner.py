@@ -23,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from fastscore.errors import DataError
+from fastscore.outputs import OutDirLock
 from fastscore.registry import default_model
 from fastscore.study.conditions import env_module
 from fastscore.study.envs.mbpp.isolation import NOT_ISOLATED_NOTE
@@ -50,7 +51,7 @@ ENV_MAX_NEW_TOKENS = {"tools": 96, "mbpp": 256}
 class StudyConfig:
     model: str = field(default_factory=default_model)
     backend: str = "llamacpp"
-    quant: str = "q4_1"
+    quant: str | None = None  # None: the backend's default quant for the model (session.default_quant)
     envs: tuple[str, ...] = ENVS
     limit: int = DEFAULT_LIMIT  # items per environment
     seed: int = 0
@@ -63,6 +64,12 @@ class StudyConfig:
     hf_path: Path | None = None
     threads: int | None = None
     sandbox: str = "bwrap"  # MBPP programs: "bwrap" (isolated) or "rlimits" (not isolated; the report says so)
+
+    def __post_init__(self) -> None:
+        if self.quant is None:
+            from fastscore.session import default_quant
+
+            object.__setattr__(self, "quant", default_quant(self.model, self.backend))
 
     def new_tokens(self, env: str) -> int:
         return self.max_new_tokens if self.max_new_tokens is not None else ENV_MAX_NEW_TOKENS[env]
@@ -110,7 +117,11 @@ class StageTimer:
 
 
 def check_config(config: StudyConfig) -> None:
-    """Typed errors for bad settings and missing data, before any model is loaded."""
+    """Typed errors for bad settings and missing data, before any model is loaded or --out is touched."""
+    from fastscore.resolve import model_source, validate
+
+    validate(config.backend, config.quant)
+    model_source(config.model, config.hf_path)
     unknown = [env for env in config.envs if env not in ENVS]
     if unknown or not config.envs:
         raise DataError(f"unknown environment(s) {unknown or config.envs}: choose from {', '.join(ENVS)}")
@@ -159,9 +170,10 @@ def run_study(
 ) -> StudyOutcome:
     """Run (or resume) the study described by `config`; `after_item(stage, item_id)` is called after each item is
     stored (a hook for progress reporting and for tests that interrupt a run)."""
+    started = time.perf_counter()
     check_config(config)
-    with _mbpp_sandbox(config):
-        return _run_checked_study(config, progress, after_item)
+    with OutDirLock(Path(config.out_dir)), _mbpp_sandbox(config):
+        return _run_locked(config, started, progress, after_item)
 
 
 def _mbpp_sandbox(config: StudyConfig) -> contextlib.AbstractContextManager:
@@ -173,16 +185,17 @@ def _mbpp_sandbox(config: StudyConfig) -> contextlib.AbstractContextManager:
     return use_isolation(config.sandbox)
 
 
-def _run_checked_study(config: StudyConfig, progress: bool, after_item: Callable[[str, str], None] | None
-                       ) -> StudyOutcome:  # fmt: skip
-    started = time.perf_counter()
+def _run_locked(config: StudyConfig, started: float, progress: bool,
+                after_item: Callable[[str, str], None] | None) -> StudyOutcome:
     timer = StageTimer()
     store = StudyStore(Path(config.out_dir))
-    resumed = store.start(config.result_settings(), config.resume)
+    store.check_resume(config.result_settings(), config.resume)
     envs = {name: env_module(name) for name in config.envs}
     with timer("load model"):
         scorer = _open_scorer(config)
     try:
+        # Only now, with every setting valid and the model loaded, may the previous run's files be replaced.
+        resumed = store.start(config.result_settings(), config.resume)
         with timer("build items"):
             stored = store.load_items() if resumed else None
             if stored is None:

@@ -8,8 +8,10 @@ Files (all in out_dir):
 - scores.jsonl: the final per item x condition rows (metrics.ScoreRow); an item's rows are written together.
 - item_errors.jsonl: items that could not be scored (e.g. a context too long for the model), with the reason.
 
-The three append logs are written one item per write, flushed and fsynced. A kill can leave a partial last line, or
-(for scores.jsonl) some of an item's lines without the rest: on resume both are discarded and the item is redone.
+The three append logs are written one item per write, flushed and fsynced. A kill can leave a partial last line (with
+or without its newline), or (for scores.jsonl) some of an item's lines without the rest: on resume both are discarded
+and the item is redone. A fresh run replaces the previous run's files only once its settings are valid and its model
+is loaded (runner), and a run holds an exclusive lock on its folder (fastscore.outputs.OutDirLock).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fastscore.errors import DataError, ResumeConfigError
+from fastscore.outputs import write_text_atomic
 from fastscore.study.items import Item, Skipped
 
 log = logging.getLogger(__name__)
@@ -35,21 +38,6 @@ SCORES_FILE = "scores.jsonl"
 ITEM_ERRORS_FILE = "item_errors.jsonl"
 SUMMARY_FILE = "summary.json"
 RUN_FILES = (LOGPROBS_FILE, SCORES_FILE, ITEM_ERRORS_FILE, SUMMARY_FILE)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text` so that a reader never sees a half-written file."""
-    # Our own temporary name rather than mkstemp, whose files are private (0600): results are meant to be shared.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _jsonl(records: Iterable[dict[str, Any]]) -> str:
@@ -76,13 +64,18 @@ class AppendLog:
         # After the final newline split() yields "", so a last non-empty element is a line cut short by a kill.
         dropped = 0 if lines[-1] == "" else 1
         groups: dict[str, list[dict[str, Any]]] = {}
-        for number, line in enumerate(lines[:-1], 1):
+        complete_lines = lines[:-1]
+        last_number = max((n for n, line in enumerate(complete_lines, 1) if line.strip()), default=0)
+        for number, line in enumerate(complete_lines, 1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
                 key = record["item_id"]
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                if number == last_number:  # the last write was cut short, and its newline still reached the disk
+                    dropped += 1
+                    continue
                 raise DataError(f"{self.path}:{number}: unreadable line ({exc}); delete the file to start over")
             groups.setdefault(key, []).append(record)
         complete = {}
@@ -93,7 +86,7 @@ class AppendLog:
                 dropped += len(records)
         if dropped:
             log.warning("%s: discarded %d line(s) of items a kill left incomplete", self.path.name, dropped)
-            write_atomic(self.path, _jsonl(r for records in complete.values() for r in records))
+            write_text_atomic(self.path, _jsonl(r for records in complete.values() for r in records))
         return complete
 
     def append(self, records: Sequence[dict[str, Any]]) -> None:
@@ -118,14 +111,7 @@ class StudyStore:
         """
         self.out_dir.mkdir(parents=True, exist_ok=True)
         previous = self.read_config()
-        if resume and previous is not None:
-            differing = sorted(k for k in set(previous) | set(config) if previous.get(k) != config.get(k))
-            if differing:
-                details = "; ".join(f"{k}: was {previous.get(k)!r}, now {config.get(k)!r}" for k in differing)
-                raise ResumeConfigError(
-                    f"cannot resume {self.out_dir}: it was run with a different configuration ({details}). "
-                    "Rerun with the original options, drop --resume to start over, or choose another --out."
-                )
+        if self.check_resume(config, resume):
             log.info("resuming the run in %s", self.out_dir)
             return True
         if resume:
@@ -138,8 +124,22 @@ class StudyStore:
             # Items built under another config must not be mistaken for this one's.
             for name in (ITEMS_FILE, SKIPPED_FILE):
                 self.path(name).unlink(missing_ok=True)
-        write_atomic(self.path(CONFIG_FILE), json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_text_atomic(self.path(CONFIG_FILE), json.dumps(config, indent=2, sort_keys=True) + "\n")
         return False
+
+    def check_resume(self, config: dict[str, Any], resume: bool) -> bool:
+        """Read-only: True when `resume` continues a run of the same `config`; ResumeConfigError for another one."""
+        previous = self.read_config()
+        if not resume or previous is None:
+            return False
+        differing = sorted(k for k in set(previous) | set(config) if previous.get(k) != config.get(k))
+        if differing:
+            details = "; ".join(f"{k}: was {previous.get(k)!r}, now {config.get(k)!r}" for k in differing)
+            raise ResumeConfigError(
+                f"cannot resume {self.out_dir}: it was run with a different configuration ({details}). "
+                "Rerun with the original options, drop --resume to start over, or choose another --out."
+            )
+        return True
 
     def read_config(self) -> dict[str, Any] | None:
         path = self.path(CONFIG_FILE)
@@ -175,8 +175,8 @@ class StudyStore:
             log.info("items.jsonl unchanged (%d items)", len(items))
             return False
         # skipped first: items.jsonl is the marker that the item set is complete.
-        write_atomic(skipped_path, skipped_text)
-        write_atomic(items_path, items_text)
+        write_text_atomic(skipped_path, skipped_text)
+        write_text_atomic(items_path, items_text)
         return True
 
     # ------------------------------------------------------------ append logs
@@ -196,5 +196,5 @@ class StudyStore:
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         path = self.path(SUMMARY_FILE)
-        write_atomic(path, json.dumps(summary, indent=2, sort_keys=False, allow_nan=False) + "\n")
+        write_text_atomic(path, json.dumps(summary, indent=2, sort_keys=False, allow_nan=False) + "\n")
         return path

@@ -221,11 +221,20 @@ class QuantCheckConfig:
 
 def run_quant_check(config: QuantCheckConfig) -> dict:
     """Score, compare, and write quant.json, quant.md and the plots into config.out_dir; returns the summary."""
-    from fastscore.study.quantcheck.report import compare_all, write_outputs
+    from fastscore.outputs import OutDirLock
+    from fastscore.resolve import model_source
 
     out_dir = Path(config.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # Model and data first: nothing is created in --out for a run that cannot start.
+    model_source(config.model)
     items = build_quant_items(config.data_dir, config.envs, config.limit, config.seed)
+    with OutDirLock(out_dir):
+        return _run_locked(config, items, out_dir)
+
+
+def _run_locked(config: QuantCheckConfig, items: Sequence[QuantItem], out_dir: Path) -> dict:
+    from fastscore.study.quantcheck.report import compare_all, write_outputs
+
     log.info("quant-check: %d items, %d variants", len(items), len(config.variants))
     ref_rows = ReferenceRows(out_dir)
     scores: dict[str, VariantScores] = {}

@@ -1,0 +1,57 @@
+"""Ctrl-C during a long llama_decode.
+
+Python runs signal handlers only in the main thread, between bytecodes; a llama_decode of a big scoring group keeps
+the main thread inside C for tens of seconds (27 s measured), so Ctrl-C used to wait for the call to return.
+llama.cpp polls an abort callback from its compute loop (between graph nodes, on the calling thread): while a
+decode runs, SIGINT only sets a flag, the callback (a few Python bytecodes, where the pending handler gets its turn)
+tells llama.cpp to stop, and KeyboardInterrupt is raised once llama_decode has returned. Work already stored
+(output lines, study append logs) stays, so the run can be resumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+
+log = logging.getLogger(__name__)
+
+
+class AbortOnInterrupt:
+    def __init__(self, L, ctx) -> None:
+        self.L, self.ctx = L, ctx
+        self.requested = False
+        # Kept on the instance: llama.cpp holds only the raw function pointer.
+        self._callback = L.ggml_abort_callback(self._should_abort)
+
+    def _should_abort(self, _data) -> bool:
+        return self.requested
+
+    def _on_sigint(self, _signum, _frame) -> None:
+        self.requested = True
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Around one llama_decode: SIGINT aborts the call, then raises KeyboardInterrupt.
+
+        Only with Python's default SIGINT handler in the main thread; otherwise nothing is installed, because a
+        handler raising inside the callback would be swallowed by ctypes.
+        """
+        ours = threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        if not ours:
+            yield
+            return
+        self.requested = False
+        signal.signal(signal.SIGINT, self._on_sigint)
+        self.L.llama_set_abort_callback(self.ctx, self._callback, None)
+        try:
+            yield
+        finally:
+            self.L.llama_set_abort_callback(self.ctx, self.L.ggml_abort_callback(0), None)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self.requested:
+            log.info("llama_decode aborted by SIGINT")
+            raise KeyboardInterrupt
