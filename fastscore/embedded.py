@@ -6,14 +6,11 @@
 from __future__ import annotations
 
 import importlib.util
-import logging
 import sys
 from pathlib import Path
 
 from fastscore.errors import ArtefactUnavailableError
 from fastscore.registry import ModelEntry, get
-
-log = logging.getLogger(__name__)
 
 
 def embedded_gguf(entry: ModelEntry) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from scorer_helpers import fake_scorer, smollm_tokenizer  # noqa: F401
 
 from fastscore.errors import ContextTooLongError, RequestError
 from fastscore.requests_io import read_requests, score_file
