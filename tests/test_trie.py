@@ -134,6 +134,18 @@ def test_fake_backend_small_budgets_recompute_exactly_what_packing_says():
         np.testing.assert_allclose(g.logprobs, backend.score_alone(TokenRequest(s, 1)).logprobs, atol=1e-5)
 
 
+def test_the_group_budget_is_the_shared_kv_cache_policy():
+    # The llama.cpp policy, run on the fake: groups of max_group_tokens, raised to the longest request.
+    budget = FakeBackend(n_ctx=64, n_seq_max=8, max_group_tokens=6)
+    got = budget.score_tokens([TokenRequest(s, 1) for s in CRAFTED])
+    assert budget.counters["computed_tokens"] == 12 and budget.counters["forward_calls"] == 3
+    assert budget.stats.extra["packs"] == 3 and budget.stats.computed_tokens == 12
+    for s, g in zip(CRAFTED, got):
+        np.testing.assert_allclose(g.logprobs, budget.score_alone(TokenRequest(s, 1)).logprobs, atol=1e-5)
+    assert budget.group_tokens([TokenRequest(tuple(range(20)), 1)]) == 20  # never below the longest request
+    assert FakeBackend(n_ctx=16, max_group_tokens=6).group_tokens([TokenRequest(tuple(range(20)), 1)]) == 16
+
+
 def test_fake_logprob_rows_are_the_reference_distributions():
     backend = FakeBackend(n_ctx=6, n_seq_max=2)  # several packs, prefixes recomputed
     reqs = [TokenRequest(s, 1) for s in CRAFTED]

@@ -20,7 +20,7 @@ from typing import Any
 from fastscore.errors import DataError
 from fastscore.registry import default_model
 from fastscore.study.conditions import CONDITIONS
-from fastscore.study.envs import ENVS, check_unique, env_class, items_for_envs, open_envs
+from fastscore.study.envs import ENVS, env_class, items_for_envs, open_envs
 from fastscore.study.envs.base import StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.metrics import read_score_rows, summarize
@@ -134,16 +134,12 @@ def _build_items(config: StudyConfig, envs: Mapping[str, StudyEnv], scorer, prog
                  ) -> tuple[list[Item], list[Skipped]]:
     if config.failures == "seeded":
         return items_for_envs(envs, config.limit, config.seed)
-    items: list[Item] = []
-    skipped: list[Skipped] = []
-    for name, env in envs.items():
-        builder = ModelFailureBuilder(env, scorer, config.seed, config.new_tokens(name))
-        built, passed_over = builder.build(config.limit, progress)
-        check_unique(name, built)
-        log.info("%s: %d items, %d source records skipped", name, len(built), len(passed_over))
-        items += built
-        skipped += passed_over
-    return items, skipped
+
+    def own_failures(env: StudyEnv) -> tuple[list[Item], list[Skipped]]:
+        builder = ModelFailureBuilder(env, scorer, config.seed, config.new_tokens(env.name))
+        return builder.build(config.limit, progress)
+
+    return items_for_envs(envs, config.limit, config.seed, build=own_failures)
 
 
 def run_study(
