@@ -11,9 +11,10 @@ import click
 
 from fastscore import variants
 from fastscore.errors import FastscoreError
+from fastscore.study.datafile import default_data_dir
 from fastscore.study.envs import ENVS
 
-DEFAULT_DATA = Path("../shared/data")
+DATA_HELP = "Study data folder (mbpp.jsonl, bfcl/); default: $FASTSCORE_DATA, else ../shared/data beside the checkout."
 # Help texts read the variant table, so they list exactly what the code accepts.
 BACKEND_HELP = ", ".join(variants.backends()) + "."
 QUANT_HELP = ("Weights variant: " + "; ".join(f"{b} {variants.help_list(b)}" for b in variants.backends())
@@ -99,8 +100,8 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
               help="seeded: mutations of the ground truth; model: the model's own failed greedy attempts.")
 @click.option("--out", "out", default=Path("study-out"), show_default=True,
               type=click.Path(file_okay=False, path_type=Path))
-@click.option("--data", "data", default=DEFAULT_DATA, show_default=True, type=click.Path(path_type=Path),
-              help="Study data folder (mbpp.jsonl, bfcl/).")
+@click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
+              callback=lambda ctx, param, value: value or default_data_dir())
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out (same options required).")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
@@ -137,8 +138,8 @@ def _bench_list(value: str | None) -> tuple[str, ...] | None:
 
 @main.command()
 @click.option("--model", default=None, help="Registry name (default: the registry's default model).")
-@click.option("--data", "data", default=DEFAULT_DATA, show_default=True, type=click.Path(path_type=Path),
-              help="Study data folder (mbpp.jsonl, bfcl/).")
+@click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
+              callback=lambda ctx, param, value: value or default_data_dir())
 @click.option("--limit", default=3, show_default=True, type=click.IntRange(min=1), help="Items per environment.")
 @click.option("--env", "envs", default=",".join(ENVS), show_default=True, help="Comma-separated environments.")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
@@ -194,8 +195,8 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
                    + ",".join(v.label for v in variants.VARIANTS if v.in_quant_check) + ").")
 @click.option("--out", "out", default=Path("quant-out"), show_default=True,
               type=click.Path(file_okay=False, path_type=Path))
-@click.option("--data", "data", default=DEFAULT_DATA, show_default=True, type=click.Path(path_type=Path),
-              help="Study data folder (mbpp.jsonl, bfcl/).")
+@click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
+              callback=lambda ctx, param, value: value or default_data_dir())
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
 @click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import os
 from pathlib import Path
 
 import pytest
@@ -21,11 +20,12 @@ from fastscore import cache
 from fastscore.registry import default_model
 from fastscore.resolve import Artefact, resolve
 from fastscore.scorer import Scorer
+from fastscore.study.datafile import default_data_dir
 from fastscore.tokenizer import Tokenizer
 
 EMBEDDED = default_model()
 TINY_ARCHS = ("llama", "qwen2", "qwen3")
-STUDY_DATA = Path(os.environ.get("FASTSCORE_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
+STUDY_DATA = default_data_dir()
 
 
 @pytest.fixture(scope="session")

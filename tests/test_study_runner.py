@@ -248,3 +248,15 @@ def test_store_refuses_resume_with_other_settings_and_fresh_runs_clear_results(t
     assert (tmp_path / "scores.jsonl").exists()
     assert store.start({"seed": 0}, resume=False) is False
     assert not (tmp_path / "scores.jsonl").exists()
+
+
+def test_the_default_data_folder_does_not_depend_on_the_working_directory(tmp_path, monkeypatch):
+    from fastscore.study.datafile import default_data_dir
+
+    monkeypatch.delenv("FASTSCORE_DATA", raising=False)
+    here = default_data_dir()
+    monkeypatch.chdir(tmp_path)
+    assert default_data_dir() == here and here.is_absolute()
+    assert StudyConfig().data_dir == here
+    monkeypatch.setenv("FASTSCORE_DATA", str(tmp_path))
+    assert default_data_dir() == tmp_path

@@ -103,5 +103,6 @@ def parse_options(backend: str, pairs: Sequence[str]):
             else:
                 fields[key] = text
         except ValueError:
-            raise RequestError(f"backend option {key}={text!r}: expected a value of type {type(default).__name__}") from None
+            raise RequestError(f"backend option {key}={text!r}: expected a value of type {type(default).__name__}"
+                               ) from None
     return options_for(backend, fields)

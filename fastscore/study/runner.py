@@ -20,6 +20,7 @@ from typing import Any
 from fastscore.errors import DataError
 from fastscore.registry import default_model
 from fastscore.study.conditions import CONDITIONS
+from fastscore.study.datafile import default_data_dir
 from fastscore.study.envs import ENVS, env_class, items_for_envs, open_envs
 from fastscore.study.envs.base import StudyEnv
 from fastscore.study.items import Item, Skipped
@@ -50,7 +51,7 @@ class StudyConfig:
     seed: int = 0
     failures: str = "seeded"  # "seeded": mutations of the ground truth; "model": the model's own failed attempts
     out_dir: Path = Path("study-out")
-    data_dir: Path = Path("../shared/data")
+    data_dir: Path = field(default_factory=default_data_dir)
     resume: bool = False
     n_boot: int = 2000
     # Greedy token cap; None: each environment's own (StudyEnv.max_new_tokens). Each item decodes at most twice its
