@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastscore.backends import load
-from fastscore.errors import ArtefactUnavailableError, ContextTooLongError, RequestError
+from fastscore.errors import ArtefactUnavailableError, ContextTooLongError
 from fastscore.records import TokenRequest
 
 SMALL_VOCAB = 64
@@ -87,7 +87,7 @@ def test_decoder_logits_match_scoring(small):
     assert abs(later.logprobs[0] - log_softmax[5]) < 1e-4
     with small.decoder(8) as again:
         again.start([[1, 2]])
-        with pytest.raises(RequestError):
+        with pytest.raises(ValueError, match="not started"):
             again.step([3], [1])
 
 

@@ -116,8 +116,9 @@ class Backend(abc.ABC):
         """ContextTooLongError beyond `limit` tokens (default n_ctx), RequestError for an id outside the vocabulary."""
         limit = self.n_ctx if limit is None else limit
         if len(tokens) > limit:
+            allowed = "" if limit == self.n_ctx else f" (at most {limit} here)"
             raise ContextTooLongError(
-                f"{where} is {len(tokens)} tokens, longer than the backend's limit of {limit} (context {self.n_ctx})")
+                f"{where} is {len(tokens)} tokens, longer than the backend's context of {self.n_ctx} tokens{allowed}")
         ids = np.asarray(tokens)
         if len(ids) and (ids.min() < 0 or ids.max() >= self.n_vocab):
             raise RequestError(f"{where} has a token id outside the vocabulary [0, {self.n_vocab})")
