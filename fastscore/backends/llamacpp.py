@@ -12,10 +12,7 @@ import dataclasses
 import logging
 import os
 import weakref
-from collections.abc import Sequence
 from pathlib import Path
-
-import numpy as np
 
 from fastscore.backends.base import Decoder
 from fastscore.backends.kvcache import KVCacheBackend
