@@ -7,17 +7,15 @@ engine counters of the last timed run. Loading the model is never timed.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from fastscore.bench.roofline import median
-from fastscore.bench.workload import Workload, all_positions, requests_digest, trie_node_positions
+from fastscore.bench.workload import Workload, all_positions, requests_digest
+from fastscore.engine.trie import distinct_prefix_positions
 from fastscore.records import ScoreRequest, TokenRequest
-
-log = logging.getLogger(__name__)
 
 
 def timed(fn: Callable[[], object], repeats: int, warmup: Callable[[], object] | None = None) -> tuple[float, list[float], object]:
@@ -90,7 +88,7 @@ def measure_backend(scorer, workload: Workload, repeats: int, pp_tokens: int = 5
     shared_totals = np.array([s.total for s in shared])
     alone_totals = np.array([s.total for s in alone])
     alone_sequences = [r.tokens for r in alone_requests]
-    trie_positions = trie_node_positions(sequences)
+    trie_positions = distinct_prefix_positions(sequences)
     return {
         "digest": requests_digest(requests),
         "n_requests": len(requests),
@@ -131,7 +129,7 @@ def measure_end_to_end(scorer, workload: Workload, repeats: int, one_request_per
 
 def _decode(backend, contexts: Sequence[Sequence[int]], new_tokens: int) -> tuple[float, float]:
     """(prefill seconds, decode seconds) of `new_tokens` argmax steps for every context in one decoder."""
-    with backend.decoder() as decoder:
+    with backend.decoder(new_tokens) as decoder:
         started = time.perf_counter()
         logits = decoder.start(contexts)
         prefilled = time.perf_counter()

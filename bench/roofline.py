@@ -10,7 +10,6 @@ scoring nothing pays it only on the rows it keeps.
 from __future__ import annotations
 
 import json
-import logging
 import statistics
 import time
 from collections.abc import Iterable, Sequence
@@ -18,8 +17,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from fastscore.errors import BenchmarkError, UnknownQuantError
+from fastscore.study.envs import ENVS
+from fastscore.variants import VARIANTS
 
 log = logging.getLogger(__name__)
 
-LLAMACPP_TYPES = ("f32", "f16", "q8_0", "q4_k_m", "q4_0", "q4_1")
-ONNX_TYPES = ("fp32", "int8")
-DEFAULT_CONFIGS: tuple[tuple[str, str], ...] = tuple(("llamacpp", q) for q in LLAMACPP_TYPES) + tuple(
-    ("onnx", q) for q in ONNX_TYPES
-)
+DEFAULT_CONFIGS: tuple[tuple[str, str], ...] = tuple((v.backend, v.quant) for v in VARIANTS if v.in_bench)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 
@@ -37,7 +35,7 @@ class BenchOptions:
     model: str
     data_dir: Path
     items_per_env: int = 3
-    envs: tuple[str, ...] = ("tools", "mbpp")
+    envs: tuple[str, ...] = ENVS
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     repeats: int = 3
     backends: tuple[str, ...] = ("llamacpp", "onnx")

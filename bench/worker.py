@@ -15,8 +15,6 @@ import resource
 import sys
 from pathlib import Path
 
-log = logging.getLogger(__name__)
-
 
 def run_spec(spec: dict) -> dict:
     task = spec["task"]

@@ -17,10 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from fastscore.records import CandidateSet, Message, TokenRequest
+from fastscore.study.envs import ENVS
 
 log = logging.getLogger(__name__)
-
-ENVS = ("tools", "mbpp")
 
 
 @dataclass(frozen=True)
@@ -60,44 +59,23 @@ class Workload:
 def build_workload(data_dir: Path, items_per_env: int, envs: Sequence[str] = ENVS, seed: int = 0,
                    conditions: Sequence[str] | None = None) -> Workload:
     """`conditions`: a subset of the study's conditions (default all), e.g. for a quick smoke run."""
-    from fastscore.study.conditions import env_module, render_conditions
-    from fastscore.study.metrics import CONDITIONS
+    from fastscore.study.conditions import CONDITIONS, distinct, render_conditions
+    from fastscore.study.envs import items_for_envs, open_envs
 
     conditions = tuple(conditions or CONDITIONS)
-
+    opened = open_envs(envs, Path(data_dir))
+    items, _ = items_for_envs(opened, items_per_env, seed)
+    n_items = len(items)
     sets: list[CandidateSet] = []
-    n_items = 0
-    for env in envs:
-        module = env_module(env)
-        items, _ = module.build_items(Path(data_dir), items_per_env, seed)
-        n_items += len(items)
-        for item in items:
-            seen: set[tuple[Message, ...]] = set()
-            for context in render_conditions(item, module, conditions):
-                if context.messages in seen:
-                    continue
-                seen.add(context.messages)
-                sets.append(context.candidate_set(item.candidates))
+    for item in items:
+        contexts = render_conditions(item, opened[item.env], conditions)
+        stands_for = distinct(contexts, lambda c: c.messages)
+        sets += [c.candidate_set(item.candidates) for c in contexts if stands_for[c.condition] == c.condition]
     log.info("workload: %d items, %d contexts, %d requests", n_items, len(sets), sum(len(s.candidates) for s in sets))
     return Workload(tuple(sets), tuple(envs), items_per_env, seed, n_items)
 
 
 # ---------------------------------------------------------------- token-level facts of a request list
-
-
-def trie_node_positions(sequences: Sequence[Sequence[int]]) -> np.ndarray:
-    """0-based position of every node of the token trie of `sequences` (its size is the trie-minimal count)."""
-    ordered = sorted(tuple(s) for s in sequences)
-    positions: list[np.ndarray] = []
-    previous: tuple[int, ...] = ()
-    for seq in ordered:
-        n = min(len(previous), len(seq))
-        a, b = np.asarray(previous[:n]), np.asarray(seq[:n])
-        diff = np.flatnonzero(a != b)
-        shared = int(diff[0]) if diff.size else n
-        positions.append(np.arange(shared, len(seq)))
-        previous = seq
-    return np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)
 
 
 def all_positions(sequences: Sequence[Sequence[int]]) -> np.ndarray:

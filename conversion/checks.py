@@ -1,5 +1,6 @@
 """Read every converted artefact back and check it: it loads, its tensors are of the types asked for, and a few
-teacher-forced log-probs agree with the fp32 HF reference (the reference backend) on the same token ids.
+teacher-forced log-probs agree with the fp32 HF reference (the reference backend) on the same token ids, within
+the variant's limit in the variant table (fastscore.variants, where the measured limits are noted).
 """
 
 from __future__ import annotations
@@ -13,40 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
+from fastscore import variants
 from fastscore.deps import require
 from fastscore.errors import ConversionCheckError
 from fastscore.records import TokenRequest
 
 log = logging.getLogger(__name__)
 
-# Log-prob agreement with the fp32 reference, per scored token, in nats: (statistic, limit).
-# Measured on the embedded 135M model (116 probe tokens; its reference is the dequantized Q4_1 weights, so the
-# requantized variants stack a second rounding on the first), llama.cpp with an f32 KV cache and no flash attention:
-#   f32 max 3.1e-5 | f16 max 0.035 | q8_0 max 0.56, mean 0.084 | q6_k mean 0.15 | q5_k_m mean 0.51 |
-#   q4_k_m mean 0.45 | q4_0 mean 0.80 | shipped q4_1 mean 0.072; ONNX fp32 max ~6e-6 (tiny models).
-# q8_0 also quantises activations to 8 bits in llama.cpp, so single tokens move by ~0.5 nats: its mean is bounded.
-TOLERANCES: dict[str, tuple[str, float]] = {
-    "f32": ("max", 2e-3),
-    "fp32": ("max", 2e-3),
-    "f16": ("max", 0.1),
-    "q8_0": ("mean", 0.25),
-    "q6_k": ("mean", 1.0),
-    "q5_k_m": ("mean", 1.0),
-    "q4_k_m": ("mean", 1.0),
-    "q4_0": ("mean", 1.0),
-    "q4_1": ("mean", 1.0),
-    "int8": ("mean", 1.0),
-}
-
-# The GGML tensor type each GGUF quant is named after (k-quant mixes also hold other types).
-MAIN_GGML_TYPE = {
-    "f32": "F32", "f16": "F16", "q8_0": "Q8_0", "q6_k": "Q6_K", "q5_k_m": "Q5_K", "q4_k_m": "Q4_K",
-    "q4_0": "Q4_0", "q4_1": "Q4_1",
-}
-FILE_TYPE = {
-    "f32": "ALL_F32", "f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0", "q6_k": "MOSTLY_Q6_K", "q5_k_m": "MOSTLY_Q5_K_M",
-    "q4_k_m": "MOSTLY_Q4_K_M", "q4_0": "MOSTLY_Q4_0", "q4_1": "MOSTLY_Q4_1",
-}
 K_QUANT_BLOCK = 256
 
 # Two short chats in the shape the study scores: a program and a tool call as the assistant's reply.
@@ -113,7 +87,7 @@ def probe_requests(tokenizer_dir: Path) -> list[TokenRequest]:
 # on the f32 GGUF, max over the probe): f16 KV cache 0.013 nats, CPU flash attention 0.016 nats, both several times
 # the f32 tolerance; with an f32 cache and no flash attention the f32 GGUF matches torch to 3e-5.
 CHECK_BACKEND_OPTIONS: dict[str, dict] = {
-    "llamacpp": {"kv_type": "f32", "flash_attn": "off", "decode_flash_attn": "off", "progress": False},
+    "llamacpp": {"kv_type": "f32", "flash_attn": "off", "decode_flash_attn": "off"},
 }
 
 
@@ -140,7 +114,7 @@ def compare(
     if not np.isfinite(got).all():
         raise ConversionCheckError(f"{variant} at {path} produced non-finite log-probs")
     diff = np.abs(got - want)
-    statistic, tolerance = TOLERANCES[quant]
+    statistic, tolerance = variants.check_of(quant)
     measured = float(diff.max() if statistic == "max" else diff.mean())
     report = CheckReport(
         variant=variant, path=str(path), backend=backend_name, structure=structure, n_tokens=int(diff.size),
@@ -166,9 +140,10 @@ def gguf_structure(path: Path, quant: str, expected_tensors: int | None = None) 
         problems.append(f"{len(reader.tensors)} tensors, expected {expected_tensors}")
     field = reader.fields.get("general.file_type")
     file_type = gguf.LlamaFileType(int(field.contents())).name if field is not None else "missing"
-    if file_type != FILE_TYPE[quant]:
-        problems.append(f"general.file_type is {file_type}, expected {FILE_TYPE[quant]}")
-    main = MAIN_GGML_TYPE[quant]
+    expected = variants.get("llamacpp", quant)
+    if file_type != expected.file_type:
+        problems.append(f"general.file_type is {file_type}, expected {expected.file_type}")
+    main = expected.main_ggml_type
     if quant == "f32" and set(types) != {"F32"}:
         problems.append(f"not all tensors are F32: {dict(types)}")
     elif main not in types and not _k_quant_impossible(reader, quant):

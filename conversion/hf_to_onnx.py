@@ -20,10 +20,11 @@ import numpy as np
 
 from fastscore.deps import require
 from fastscore.errors import ArtefactUnavailableError, ConversionCheckError, ConversionError
+from fastscore.variants import quants
 
 log = logging.getLogger(__name__)
 
-QUANTS = ("fp32", "int8")
+QUANTS = quants("onnx")
 INT8_METHODS = ("weights", "dynamic")
 MODEL_FILE = "model.onnx"
 LOGITS_START = "logits_start"

@@ -7,22 +7,11 @@ import os
 import tempfile
 from pathlib import Path
 
+from fastscore import variants
 from fastscore.errors import ArtefactUnavailableError, ConversionError, UnknownQuantError
+from fastscore.variants import gguf_types
 
 log = logging.getLogger(__name__)
-
-# qtype -> name of the llama_ftype constant in llama_cpp
-QTYPES: dict[str, str] = {
-    "f32": "LLAMA_FTYPE_ALL_F32",
-    "f16": "LLAMA_FTYPE_MOSTLY_F16",
-    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
-    "q6_k": "LLAMA_FTYPE_MOSTLY_Q6_K",
-    "q5_k_m": "LLAMA_FTYPE_MOSTLY_Q5_K_M",
-    "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
-    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-    "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1",
-}
-
 
 def quantize_gguf(src: Path, dst: Path, qtype: str, allow_requantize: bool = True,
                   n_threads: int | None = None) -> Path:
@@ -32,8 +21,8 @@ def quantize_gguf(src: Path, dst: Path, qtype: str, allow_requantize: bool = Tru
     result carries both roundings). The output goes to a temporary file next to dst, moved into place only on
     success: an interrupted run never leaves a truncated GGUF behind.
     """
-    if qtype not in QTYPES:
-        raise UnknownQuantError(f"unknown GGUF type {qtype!r}; valid: {', '.join(QTYPES)}")
+    if qtype not in gguf_types():
+        raise UnknownQuantError(f"unknown GGUF type {qtype!r}; valid: {', '.join(gguf_types())}")
     src, dst = Path(src), Path(dst)
     if not src.is_file():
         raise ArtefactUnavailableError(f"GGUF file not found: {src}")
@@ -41,7 +30,7 @@ def quantize_gguf(src: Path, dst: Path, qtype: str, allow_requantize: bool = Tru
 
     L = llama_module()
     params = L.llama_model_quantize_default_params()
-    params.ftype = getattr(L, QTYPES[qtype])
+    params.ftype = getattr(L, variants.get("llamacpp", qtype).llama_ftype)
     params.allow_requantize = allow_requantize
     params.nthread = n_threads or os.cpu_count() or 1
     dst.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,6 @@ so nothing here assumes two renderings share text; sharing between contexts is f
 from __future__ import annotations
 
 import json
-import logging
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -26,7 +25,6 @@ from fastscore.deps import require
 from fastscore.errors import RequestError, TokenizationError
 from fastscore.records import Message
 
-log = logging.getLogger(__name__)
 
 ALLOWED_ROLES = ("system", "user", "assistant", "tool")
 

@@ -9,10 +9,17 @@ from pathlib import Path
 
 import click
 
+from fastscore import variants
 from fastscore.errors import FastscoreError
+from fastscore.study.datafile import default_data_dir
+from fastscore.study.envs import ENVS
 
-DEFAULT_DATA = Path("../shared/data")
 INTERRUPTED_EXIT_CODE = 130  # the shell's convention for a SIGINT
+DATA_HELP = "Study data folder (mbpp.jsonl, bfcl/); default: $FASTSCORE_DATA, else ../shared/data beside the checkout."
+# Help texts read the variant table, so they list exactly what the code accepts.
+BACKEND_HELP = ", ".join(variants.backends()) + "."
+QUANT_HELP = ("Weights variant: " + "; ".join(f"{b} {variants.help_list(b)}" for b in variants.backends())
+              + " (default: the embedded model's shipped quant on llamacpp, else full precision).")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -57,8 +64,8 @@ def models() -> None:
 @main.command()
 @click.argument("requests", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path))
 @click.option("--model", default=None, help="Registry name (default: the registry's default model).")
-@click.option("--backend", default="llamacpp", show_default=True, help="llamacpp, onnx or reference.")
-@click.option("--quant", default=None, help="Weights variant (default: the embedded model's shipped quant, else f32).")
+@click.option("--backend", default="llamacpp", show_default=True, help=BACKEND_HELP)
+@click.option("--quant", default=None, help=QUANT_HELP)
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
               help="Output JSONL ('-': stdout). Written as OUT.partial, renamed to OUT once complete.")
 @click.option("--generate", is_flag=True, help="Also decode a greedy reply per request (honouring 'banned').")
@@ -72,11 +79,15 @@ def models() -> None:
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from OUT.partial (same options required).")
 @click.option("--on-error", default="stop", show_default=True, type=click.Choice(["stop", "skip"]),
               help="At a bad request line: stop, or skip it and list it with its reason in OUT.skipped.jsonl.")
+@click.option("--backend-option", "backend_option", multiple=True, metavar="KEY=VALUE",
+              help="A typed backend option, repeatable (e.g. kv_type=f16, flash_attn=on for llamacpp; "
+                   "share_prefixes=false for onnx).")
 @_friendly
 def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_path, threads, exclude_end_of_turn,
-          chunk_size, resume, on_error) -> None:
+          chunk_size, resume, on_error, backend_option) -> None:
     """Score each candidate continuation of every request in REQUESTS (JSONL, '-': stdin) and write OUT (JSONL)."""
     from fastscore import outputs
+    from fastscore.backends.options import parse_options
     from fastscore.registry import default_model
     from fastscore.requests_io import score_file
     from fastscore.resolve import model_source, validate
@@ -91,8 +102,9 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
     quant = quant or default_quant(model, backend)
     validate(backend, quant)
     model_source(model, hf_path)
-    with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads,
-                     include_end_of_turn=not exclude_end_of_turn) as scorer:
+    options = parse_options(backend, backend_option)
+    with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads, backend_options=options,
+                     progress=True, include_end_of_turn=not exclude_end_of_turn) as scorer:
         summary = score_file(scorer, requests, out, generate=generate, max_new_tokens=max_new_tokens,
                              chunk_size=chunk_size, resume=resume, on_error=on_error)
     resumed = f", {summary.n_resumed} already done" if summary.n_resumed else ""
@@ -103,9 +115,9 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
 
 @main.command()
 @click.option("--model", default=None, help="Registry name (default: the registry's default model).")
-@click.option("--backend", default="llamacpp", show_default=True, help="llamacpp, onnx or reference.")
-@click.option("--quant", default=None, help="Weights variant (default: the embedded model's shipped quant, else f32).")
-@click.option("--env", "envs", default="tools,mbpp", show_default=True, help="Comma-separated environments.")
+@click.option("--backend", default="llamacpp", show_default=True, help=BACKEND_HELP)
+@click.option("--quant", default=None, help=QUANT_HELP)
+@click.option("--env", "envs", default=",".join(ENVS), show_default=True, help="Comma-separated environments.")
 @click.option("--limit", default=None, type=click.IntRange(min=1),
               help="Items per environment (default: sized for about ten minutes on 2 CPU cores).")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -113,8 +125,8 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
               help="seeded: mutations of the ground truth; model: the model's own failed greedy attempts.")
 @click.option("--out", "out", default=Path("study-out"), show_default=True,
               type=click.Path(file_okay=False, path_type=Path))
-@click.option("--data", "data", default=DEFAULT_DATA, show_default=True, type=click.Path(path_type=Path),
-              help="Study data folder (mbpp.jsonl, bfcl/).")
+@click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
+              callback=lambda ctx, param, value: value or default_data_dir())
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out (same options required).")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
@@ -131,7 +143,8 @@ def study(model, backend, quant, envs, limit, seed, failures, out, data, resume,
           hf_path, sandbox) -> None:
     """Run the corrective-gain study end to end and write its results, report and plots into --out."""
     from fastscore.registry import default_model
-    from fastscore.study.runner import DEFAULT_LIMIT, StudyConfig, headline, run_study
+    from fastscore.study.report import headline
+    from fastscore.study.runner import DEFAULT_LIMIT, StudyConfig, run_study
 
     model = model or default_model()
     config = StudyConfig(
@@ -140,7 +153,7 @@ def study(model, backend, quant, envs, limit, seed, failures, out, data, resume,
         failures=failures, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot, max_new_tokens=max_new_tokens,
         hf_path=hf_path, threads=threads, sandbox=sandbox,
     )  # fmt: skip
-    outcome = run_study(config)
+    outcome = run_study(config, progress=True)
     for line in headline(outcome):
         click.echo(line)
     click.echo(f"results in {outcome.out_dir}/ (report.md, summary.json, scores.jsonl, plots)")
@@ -152,14 +165,14 @@ def _bench_list(value: str | None) -> tuple[str, ...] | None:
 
 @main.command()
 @click.option("--model", default=None, help="Registry name (default: the registry's default model).")
-@click.option("--data", "data", default=DEFAULT_DATA, show_default=True, type=click.Path(path_type=Path),
-              help="Study data folder (mbpp.jsonl, bfcl/).")
+@click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
+              callback=lambda ctx, param, value: value or default_data_dir())
 @click.option("--limit", default=3, show_default=True, type=click.IntRange(min=1), help="Items per environment.")
-@click.option("--env", "envs", default="tools,mbpp", show_default=True, help="Comma-separated environments.")
+@click.option("--env", "envs", default=",".join(ENVS), show_default=True, help="Comma-separated environments.")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1), help="Timed runs (median).")
 @click.option("--backends", default="llamacpp,onnx", show_default=True, help="Backends to measure.")
-@click.option("--quants", default=None, help="Subset of types (f32,f16,q8_0,q4_k_m,q4_0,q4_1,fp32,int8).")
+@click.option("--quants", default=None, help="Subset of types (default: " + ",".join(v.quant for v in variants.VARIANTS if v.in_bench) + ").")
 @click.option("--skip-reference", is_flag=True, help="Skip the transformers reference (no end-to-end speedup).")
 @click.option("--best", default=None, help="llama.cpp type for end to end and greedy (default: the fastest).")
 @click.option("--pp-tokens", default=512, show_default=True, type=click.IntRange(min=2))
@@ -209,14 +222,14 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
 @main.command("quant-check")
 @click.option("--model", default=None, help="Registry name (default: the registry's default model).")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1), help="Items per environment.")
-@click.option("--env", "envs", default="tools,mbpp", show_default=True, help="Comma-separated environments.")
+@click.option("--env", "envs", default=",".join(ENVS), show_default=True, help="Comma-separated environments.")
 @click.option("--variants", default=None,
-              help="backend:quant list compared with the reference (default: llamacpp f32 f16 q8_0 q6_k q5_k_m "
-                   "q4_k_m q4_0 q4_1, onnx fp32 int8).")
+              help="backend:quant list compared with the reference (default: "
+                   + ",".join(v.label for v in variants.VARIANTS if v.in_quant_check) + ").")
 @click.option("--out", "out", default=Path("quant-out"), show_default=True,
               type=click.Path(file_okay=False, path_type=Path))
-@click.option("--data", "data", default=DEFAULT_DATA, show_default=True, type=click.Path(path_type=Path),
-              help="Study data folder (mbpp.jsonl, bfcl/).")
+@click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
+              callback=lambda ctx, param, value: value or default_data_dir())
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
 @click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
@@ -229,7 +242,7 @@ def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot) 
     config = QuantCheckConfig(
         model=model or default_model(), out_dir=out, data_dir=data, envs=_bench_list(envs), limit=limit,
         variants=parse_variants(variants) if variants else DEFAULT_VARIANTS, seed=seed, threads=threads,
-        n_boot=n_boot, command="fastscore " + " ".join(sys.argv[1:]),
+        n_boot=n_boot, command="fastscore " + " ".join(sys.argv[1:]), progress=True,
     )  # fmt: skip
     summary = run_quant_check(config)
     for label, groups in summary["variants"].items():
@@ -288,8 +301,8 @@ def models_verify(names, hf_path) -> None:
 
 @main.command()
 @click.argument("model")
-@click.option("--gguf", default="", help="Comma-separated GGUF types: f32,f16,q8_0,q6_k,q5_k_m,q4_k_m,q4_0,q4_1.")
-@click.option("--onnx", default="", help="Comma-separated ONNX types: fp32,int8.")
+@click.option("--gguf", default="", help="Comma-separated GGUF types: " + variants.help_list("llamacpp") + ".")
+@click.option("--onnx", default="", help="Comma-separated ONNX types: " + variants.help_list("onnx") + ".")
 @click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A local HF checkpoint folder to convert instead of fetching the hub.")
 @click.option("--force", is_flag=True,

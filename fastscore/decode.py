@@ -14,7 +14,6 @@ reported, so a caller can see how much the ban distorted the model's choice.
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ import numpy as np
 
 from fastscore.backends.base import Decoder
 
-log = logging.getLogger(__name__)
 
 END_OF_TURN = "end_of_turn"
 MAX_TOKENS = "max_tokens"

@@ -26,11 +26,11 @@ class MissingDependencyError(FastscoreError):
 
     exit_code = 3
 
-    def __init__(self, package: str, extra: str):
+    def __init__(self, package: str, extra: str, message: str | None = None):
         self.package = package
         self.extra = extra
         super().__init__(
-            f"{package} is not installed; install the extra with: pip install 'fastscore[{extra}]'"
+            message or f"{package} is not installed; install the extra with: pip install 'fastscore[{extra}]'"
         )
 
 

@@ -6,11 +6,9 @@ matrix at once (4096 rows x 49152 vocab would be 1.6 GB in float64).
 
 from __future__ import annotations
 
-import logging
 
 import numpy as np
 
-log = logging.getLogger(__name__)
 
 # Rows per block: 256 x 49152 float64 temporaries = 100 MB at most, small next to the logits themselves.
 _BLOCK_ROWS = 256

@@ -8,23 +8,16 @@
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 from fastscore import cache, registry
-from fastscore.errors import ArtefactUnavailableError, UnknownBackendError, UnknownQuantError
+from fastscore.errors import ArtefactUnavailableError
+from fastscore.variants import validate, variant_name  # noqa: F401  (the conversion pipeline imports them here)
 
-log = logging.getLogger(__name__)
 
-QUANTS: dict[str, tuple[str, ...]] = {
-    "llamacpp": ("f32", "f16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0", "q4_1"),
-    "onnx": ("fp32", "int8"),
-    "reference": ("fp32",),
-}
-VARIANT_PREFIX = {"llamacpp": "gguf", "onnx": "onnx", "reference": "hf"}
 GGUF_FILE = "model.gguf"
 
 
@@ -59,21 +52,6 @@ class ModelSource:
     @property
     def hub_id(self) -> str | None:
         return self.entry.hub_id if self.entry else None
-
-
-def variant_name(backend: str, quant: str) -> str:
-    return f"{VARIANT_PREFIX[backend]}-{quant}"
-
-
-def validate(backend: str, quant: str) -> None:
-    if backend not in QUANTS:
-        close = registry.suggest(backend, sorted(QUANTS))
-        raise UnknownBackendError(f"unknown backend {backend!r}.{close} Known backends: {', '.join(sorted(QUANTS))}")
-    if quant not in QUANTS[backend]:
-        close = registry.suggest(quant, list(QUANTS[backend]))
-        raise UnknownQuantError(
-            f"unknown quant {quant!r} for backend {backend!r}.{close} Valid: {', '.join(QUANTS[backend])}"
-        )
 
 
 def local_key(folder: Path) -> str:

@@ -15,7 +15,6 @@ common context of all candidates of many contexts at once.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,9 +26,9 @@ from fastscore import chat
 from fastscore.backends.base import Backend
 from fastscore.decode import greedy_decode
 from fastscore.errors import (
+    BackendError,
     ContextTooLongError,
     DamagedArtefactError,
-    FastscoreError,
     RequestError,
     TokenizationError,
 )
@@ -224,7 +223,7 @@ class Scorer:
         if logprobs.shape == (tr.n_scored,) and not np.all(np.isfinite(logprobs)):
             raise self._damaged(f"request {item.request.id!r} got non-finite log-probs")
         if logprobs.shape != (tr.n_scored,) or not np.all(np.isfinite(logprobs)):
-            raise FastscoreError(
+            raise BackendError(
                 f"request {item.request.id!r}: backend {self.backend.name!r} returned invalid log-probs "
                 f"(shape {logprobs.shape}, expected ({tr.n_scored},); finite: {bool(np.all(np.isfinite(logprobs)))})"
             )
@@ -263,12 +262,6 @@ class Scorer:
 
     # --- greedy decoding ---
 
-    def _open_decoder(self, max_new_tokens: int):
-        # Backends whose KV cache is sized up front take the number of tokens to reserve per sequence.
-        if "max_new_tokens" in inspect.signature(self.backend.decoder).parameters:
-            return self.backend.decoder(max_new_tokens=max_new_tokens)
-        return self.backend.decoder()
-
     def greedy(self, requests: Sequence[GreedyRequest], max_new_tokens: int = 128) -> list[GreedyResult]:
         """Greedy completion of each context (rendered with a generation prompt), never equal to its banned texts."""
         if max_new_tokens < 1:
@@ -288,7 +281,7 @@ class Scorer:
             chunk = requests[lo : lo + self.max_decode_batch]
             with self._finite_weights():
                 decoded = greedy_decode(
-                    self._open_decoder(max_new_tokens),
+                    self.backend.decoder(max_new_tokens),
                     contexts[lo : lo + self.max_decode_batch],
                     token_bytes=self.tokenizer.token_bytes,
                     stop_ids=self.tokenizer.stop_ids,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from fastscore import backends, registry
+from fastscore import backends, registry, variants
 from fastscore.errors import DamagedArtefactError
 from fastscore.scorer import Scorer
 from fastscore.tokenizer import Tokenizer
@@ -21,7 +21,8 @@ def default_quant(model: str, backend: str = DEFAULT_BACKEND) -> str:
     entry = entries.get(model)
     if backend == "llamacpp" and entry is not None and entry.embedded is not None:
         return entry.embedded.quant
-    return "f32" if backend == "llamacpp" else "fp32"
+    variants.validate(backend, variants.FULL_PRECISION.get(backend, ""))
+    return variants.FULL_PRECISION[backend]
 
 
 def open_scorer(
@@ -31,10 +32,13 @@ def open_scorer(
     *,
     hf_path: Path | None = None,
     n_threads: int | None = None,
-    progress: bool = True,
+    backend_options=None,
+    progress: bool = False,
     **opts,
 ) -> Scorer:
-    """A Scorer for `model` on `backend` at `quant`; `opts` go to Scorer (include_end_of_turn, max_batch_tokens...)."""
+    """A Scorer for `model` on `backend` at `quant`; `backend_options` is the backend's typed options record
+    (fastscore.backends.options); `opts` go to Scorer (include_end_of_turn, max_batch_tokens...). `progress` shows
+    conversion and scoring progress bars (the CLI turns it on)."""
     from fastscore.resolve import resolve
 
     artefact = resolve(model, backend, quant, hf_path=hf_path, progress=progress)
@@ -42,7 +46,7 @@ def open_scorer(
         tokenizer = Tokenizer.from_folder(artefact.tokenizer_dir)
     except DamagedArtefactError as exc:
         raise DamagedArtefactError(f"{exc}; rebuild it with: {artefact.tokenizer_repair}") from exc
-    engine = backends.load(backend, artefact.path, n_threads=n_threads)
+    engine = backends.load(backend, artefact.path, n_threads=n_threads, options=backend_options, progress=progress)
     log.info("opened %s on %s (%s): %s", model, backend, quant, artefact.weights_note)
     try:
         return Scorer(

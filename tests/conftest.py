@@ -2,6 +2,9 @@
 
 FASTSCORE_HOME is left as the user has it (default ~/.cache/fastscore): a machine that ran the suite before reuses
 its conversions, and a fresh machine builds them on first use (each variant is built only when a test asks for it).
+
+The study data (mbpp.jsonl, bfcl/) is found through one variable, FASTSCORE_DATA (default: shared/data next to the
+repository, as the Makefile's DATA), by the one fixture `study_data`; tests needing it skip with a message if absent.
 """
 
 from __future__ import annotations
@@ -11,13 +14,26 @@ import inspect
 from pathlib import Path
 
 import pytest
+from scorer_helpers import CountingFakeBackend
 
 from fastscore import cache
 from fastscore.registry import default_model
 from fastscore.resolve import Artefact, resolve
+from fastscore.scorer import Scorer
+from fastscore.study.datafile import default_data_dir
+from fastscore.tokenizer import Tokenizer
 
 EMBEDDED = default_model()
 TINY_ARCHS = ("llama", "qwen2", "qwen3")
+STUDY_DATA = default_data_dir()
+
+
+@pytest.fixture(scope="session")
+def study_data() -> Path:
+    """The study data folder (FASTSCORE_DATA); tests that need it skip when it is missing."""
+    if not ((STUDY_DATA / "mbpp.jsonl").is_file() and (STUDY_DATA / "bfcl").is_dir()):
+        pytest.skip(f"study data not found at {STUDY_DATA} (set FASTSCORE_DATA to the folder with mbpp.jsonl, bfcl/)")
+    return STUDY_DATA
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +59,17 @@ def smollm(smollm_artefact):
 def smollm_tokenizer_dir(smollm_artefact) -> Path:
     """The embedded model's tokenizer rebuilt from its GGUF (cheap: no weights are converted)."""
     return smollm_artefact("llamacpp", "q4_1").tokenizer_dir
+
+
+@pytest.fixture(scope="session")
+def smollm_tokenizer(smollm_tokenizer_dir) -> Tokenizer:
+    return Tokenizer.from_folder(smollm_tokenizer_dir)
+
+
+@pytest.fixture
+def fake_scorer(smollm_tokenizer) -> Scorer:
+    """The real Scorer on the instrumented fake backend, over the embedded model's vocabulary."""
+    return Scorer(CountingFakeBackend(), smollm_tokenizer)
 
 
 def _tiny_source_version() -> str:

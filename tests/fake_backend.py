@@ -1,4 +1,4 @@
-"""An instrumented fake backend: the real trie plans on a tiny deterministic numpy "model" with a faithful KV cache.
+"""An instrumented fake backend: the real trie plans and KV-cache orchestration on a tiny deterministic numpy "model" with a faithful KV cache.
 
 The model's hidden state at a position is a hash of the WHOLE prefix up to it (token and position), chained
 through the KV cache exactly as attention would read it: a token finds its predecessor as the one cell of its
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fastscore.backends.base import Backend, Decoder
-from fastscore.errors import BackendError, ContextTooLongError
+from fastscore.backends.kvcache import KVCacheBackend
+from fastscore.engine.plan import Batch
+from fastscore.errors import BackendError
 from fastscore.mathops import gather_logprobs
 from fastscore.records import TokenRequest, TokenScores
-from fastscore.engine.plan import Batch, PlanDecoder, ScoringPlan, run_scoring
 
 _MASK = (1 << 64) - 1
 ROOT_STATE = 0x9E3779B97F4A7C15
@@ -39,7 +39,9 @@ class FakeModel:
 
     def logits(self, states: Sequence[int]) -> np.ndarray:
         bits = (np.array(states, dtype=np.uint64)[:, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
-        return (bits.astype(np.float32) * 2 - 1) @ self.weights
+        # Summed in float64 and rounded once: a float32 matmul rounds differently with the number of rows (BLAS
+        # kernels), and a row's logits must depend on its state alone, however many rows share the batch.
+        return ((bits.astype(np.float64) * 2 - 1) @ self.weights.astype(np.float64)).astype(np.float32)
 
     def reference_logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits after each prefix, computed alone and sequentially: the ground truth."""
@@ -95,49 +97,25 @@ class FakeKV:
         return self.model.logits(out_states) if out_states else np.zeros((0, self.model.n_vocab), np.float32)
 
 
-class FakeBackend(Backend):
+class FakeBackend(KVCacheBackend):
+    """The fake model behind the real KV-cache orchestration (group budget, stats, plans, greedy decoding)."""
+
     name = "fake"
-    artefact_kind = "none"
-    shares_prefixes = True
-    supports_decoding = True
 
     def __init__(self, path: Path | None = None, n_threads: int | None = None, n_ctx: int = 256,
-                 n_seq_max: int = 8, n_vocab: int = 61) -> None:
-        super().__init__(Path(path or "fake"), n_threads)
+                 n_seq_max: int = 8, n_vocab: int = 61, max_group_tokens: int | None = None) -> None:
+        super().__init__(Path(path or "fake"), n_threads, max_group_tokens)
         self.model = FakeModel(n_vocab)
         self.n_ctx, self.n_seq_max, self.n_vocab = n_ctx, n_seq_max, n_vocab
         self.counters = {"forward_calls": 0, "computed_tokens": 0, "output_rows": 0, "batch_sizes": [],
                          "caches_opened": 0}
 
-    def _session(self, n_cells: int | None = None) -> FakeKV:
+    def _decode_session(self, n_cells: int) -> FakeKV:
         self.counters["caches_opened"] += 1
-        return FakeKV(self.model, n_cells or self.n_ctx, self.n_seq_max, self.counters)
+        return FakeKV(self.model, n_cells, self.n_seq_max, self.counters)
 
-    def _check(self, tokens: Sequence[int], index: int) -> None:
-        if len(tokens) > self.n_ctx:
-            raise ContextTooLongError(f"sequence #{index} is {len(tokens)} tokens, more than n_ctx={self.n_ctx}")
-
-    def score_tokens(self, requests: Sequence[TokenRequest]) -> list[TokenScores]:
-        for i, r in enumerate(requests):
-            self._check(r.tokens, i)
-        if not requests:
-            return []
-        return self._run(requests, keep_rows=False).results()
-
-    def logprob_rows(self, requests: Sequence[TokenRequest]) -> list[np.ndarray]:
-        for i, r in enumerate(requests):
-            self._check(r.tokens, i)
-        return self._run(requests, keep_rows=True).rows() if requests else []
-
-    def _run(self, requests: Sequence[TokenRequest], keep_rows: bool) -> ScoringPlan:
-        before = dict(self.counters)
-        plan = run_scoring(ScoringPlan(requests, self.n_ctx, self.n_seq_max, keep_rows=keep_rows), self._session())
-        self.stats.requested_tokens += plan.requested_tokens
-        self.stats.trie_minimal_tokens += plan.minimal_tokens
-        self.stats.scored_tokens += plan.scored_tokens
-        self.stats.computed_tokens += self.counters["computed_tokens"] - before["computed_tokens"]
-        self.stats.forward_calls += self.counters["forward_calls"] - before["forward_calls"]
-        return plan
+    def _scoring_session(self) -> FakeKV:
+        return self._decode_session(self.n_ctx)
 
     def score_alone(self, request: TokenRequest) -> TokenScores:
         """Ground truth without any trie or cache."""
@@ -145,6 +123,3 @@ class FakeBackend(Backend):
         rows = np.arange(request.score_from - 1, len(request.tokens) - 1)
         lp, am = gather_logprobs(logits[rows], np.asarray(request.tokens[request.score_from :]))
         return TokenScores(logprobs=lp, is_argmax=am)
-
-    def decoder(self, max_new_tokens: int = 16) -> Decoder:
-        return PlanDecoder(self._session, self.n_ctx, self.n_seq_max, max_new_tokens, check_context=self._check)

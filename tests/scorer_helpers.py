@@ -1,5 +1,5 @@
-"""Shared by the scorer tests: a counting fake backend over the real SmolLM2 vocabulary, tokenizer folders with
-crafted templates/configs, and a scripted Decoder for banned-string tests."""
+"""Helpers shared by the scorer tests (their fixtures live in conftest.py): a counting fake backend over the real
+SmolLM2 vocabulary, tokenizer folders with crafted templates/configs, and a scripted Decoder for banned-string tests."""
 
 from __future__ import annotations
 
@@ -9,12 +9,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-import pytest
 from fake_backend import FakeBackend
 
 from fastscore.backends.base import Decoder
-from fastscore.scorer import Scorer
-from fastscore.tokenizer import Tokenizer
 
 SMOLLM_VOCAB = 49152
 
@@ -42,16 +39,6 @@ def copy_tokenizer(src: Path, dst: Path, *, template: str | None = None, config:
     if template is not None:
         (dst / "chat_template.jinja").write_text(template)
     return dst
-
-
-@pytest.fixture(scope="session")
-def smollm_tokenizer(smollm_tokenizer_dir) -> Tokenizer:
-    return Tokenizer.from_folder(smollm_tokenizer_dir)
-
-
-@pytest.fixture
-def fake_scorer(smollm_tokenizer) -> Scorer:
-    return Scorer(CountingFakeBackend(), smollm_tokenizer)
 
 
 class ScriptedDecoder(Decoder):

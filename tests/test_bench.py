@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +21,8 @@ from fastscore.bench.roofline import (
     shape_from_hf_config,
     workload_flops,
 )
-from fastscore.bench.workload import all_positions, requests_digest, trie_node_positions
+from fastscore.bench.workload import all_positions, requests_digest
+from fastscore.engine.trie import distinct_prefix_positions
 from fastscore.records import TokenRequest
 
 TINY = ModelShape(n_layer=2, d_model=4, n_head=2, n_kv_head=1, head_dim=2, d_ff=8, n_vocab=10)
@@ -68,7 +68,7 @@ def test_median_and_ratio():
 
 def test_trie_positions_count_distinct_prefixes():
     seqs = [(1, 2, 3), (1, 2, 4), (1, 5)]
-    positions = trie_node_positions(seqs)
+    positions = distinct_prefix_positions(seqs)
     assert sorted(positions.tolist()) == [0, 1, 1, 2, 2]  # nodes: 1 | 2, 5 | 3, 4
     assert all_positions(seqs).tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
     a = [TokenRequest((1, 2, 3), 1)]
@@ -113,13 +113,13 @@ REQUIRED_KEYS = ("backends", "best_llamacpp_type", "end_to_end", "greedy", "memo
                  "threads", "workload")
 
 
-def _run_bench(tmp_path, extra: list[str]) -> tuple[dict, str]:
+def _run_bench(tmp_path, data_dir, extra: list[str]) -> tuple[dict, str]:
     from fastscore.cli import main
 
     json_out = tmp_path / "bench.json"
     args = ["bench", "--limit", "1", "--env", "tools", "--backends", "llamacpp", "--quants", "q4_1",
             "--repeats", "1", "--sgemm-n", "128", "--threads", "2", "--json-out", str(json_out),
-            "--data", str(_data_dir()), *extra]
+            "--data", str(data_dir), *extra]
     result = CliRunner().invoke(main, args)
     print(result.output)
     assert result.exit_code == 0, result.output
@@ -135,9 +135,9 @@ def _run_bench(tmp_path, extra: list[str]) -> tuple[dict, str]:
     return summary, result.output
 
 
-def test_bench_smoke_tiny_sizes(tmp_path):
+def test_bench_smoke_tiny_sizes(tmp_path, study_data):
     """The shipped q4_1 GGUF on one context of one tools item: a table, then one JSON line with every key."""
-    summary, _ = _run_bench(tmp_path, ["--conditions", "before", "--skip-reference", "--pp-tokens", "16",
+    summary, _ = _run_bench(tmp_path, study_data, ["--conditions", "before", "--skip-reference", "--pp-tokens", "16",
                                        "--per-request-limit", "1", "--greedy-batches", "1", "--new-tokens", "1"])
     assert summary["workload"]["requests"] == 4  # 1 item x 1 context x 4 candidates
     assert summary["backends"]["llamacpp:q4_1"]["per_request_requests"] == 1
@@ -148,9 +148,9 @@ def test_bench_smoke_tiny_sizes(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_smoke_with_reference(tmp_path):
+def test_bench_smoke_with_reference(tmp_path, study_data):
     """Adds the transformers reference (end-to-end speedup, max difference) and batched greedy decoding."""
-    summary, _ = _run_bench(tmp_path, ["--conditions", "before,after", "--pp-tokens", "64", "--greedy-batches", "1,2",
+    summary, _ = _run_bench(tmp_path, study_data, ["--conditions", "before,after", "--pp-tokens", "64", "--greedy-batches", "1,2",
                                        "--new-tokens", "2"])
     assert summary["workload"]["requests"] == 8  # 1 item x (before, after) x 4 candidates
     e2e = summary["end_to_end"]
@@ -158,10 +158,3 @@ def test_bench_smoke_with_reference(tmp_path):
     print("q4_1 vs reference max |diff| (nats/request):", e2e["max_abs_diff_best_vs_reference"])
     assert np.isfinite(e2e["speedup_vs_reference"])
     assert set(summary["greedy"]) >= {"1", "2"}
-
-
-def _data_dir() -> Path:
-    for candidate in (Path("../shared/data"), Path("/work/shared/data")):
-        if (candidate / "mbpp.jsonl").is_file():
-            return candidate
-    pytest.skip("study data folder not found")

@@ -3,33 +3,25 @@
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import pytest
 
 from fastscore.records import CandidateSet, GreedyRequest, Message
-from fastscore.study.envs.mbpp import env as mbpp_env
-from fastscore.study.envs.tools import env as tools_env
-from fastscore.study.conditions import banned_candidate_lp, render_conditions
-from fastscore.study.metrics import CONDITIONS, candidate_probabilities
-from fastscore.study.runner_stages import distinct
-
-DATA = Path(os.environ.get("FASTSCORE_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
-ENVS = {"tools": tools_env, "mbpp": mbpp_env}
+from fastscore.study.conditions import CONDITIONS, banned_candidate_lp, distinct, render_conditions
+from fastscore.study.envs import ENVS, open_envs
+from fastscore.study.metrics import candidate_probabilities
 
 
 @pytest.fixture(scope="module")
-def items():
-    if not DATA.is_dir():
-        pytest.skip(f"study data not found at {DATA} (set FASTSCORE_DATA)")
-    return {name: env.build_items(DATA, 2, 0)[0] for name, env in ENVS.items()}
+def items(study_data):
+    envs = open_envs(ENVS, study_data)
+    return {name: (env, env.build_items(2, 0)[0]) for name, env in envs.items()}
 
 
 def _cases(items):
-    for name, env_items in items.items():
+    for env, env_items in items.values():
         for item in env_items:
-            yield ENVS[name], item, {c.condition: c for c in render_conditions(item, ENVS[name])}
+            yield env, item, {c.condition: c for c in render_conditions(item, env)}
 
 
 def _text(messages: tuple[Message, ...]) -> str:

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from fastscore.cli import main
-from fastscore.conversion.checks import TOLERANCES, CheckReport, gguf_structure, onnx_structure
+from fastscore.conversion.checks import CheckReport, gguf_structure, onnx_structure
+from fastscore.variants import check_of
 from fastscore.errors import ConversionCheckError, MissingDependencyError
 from fastscore.registry import default_model
 
@@ -31,14 +32,14 @@ def _check_of(artefact) -> CheckReport:
 def test_tiny_model_converts_and_passes_its_check(arch, backend, quant, tiny_artefact):
     artefact = tiny_artefact(arch, backend, quant)
     report = _check_of(artefact)
-    statistic, tolerance = TOLERANCES[quant]
+    statistic, tolerance = check_of(quant)
     assert report.passed and report.statistic == statistic and report.tolerance == tolerance
     assert report.n_tokens > 50
     # The check compares real numbers: a quantized variant is not bit-identical to the reference.
     if quant == "q8_0":
         assert report.max_abs_diff > 0
     reference = _check_of(tiny_artefact(arch, "reference", "fp32"))
-    assert reference.passed and reference.max_abs_diff <= TOLERANCES["fp32"][1]
+    assert reference.passed and reference.max_abs_diff <= check_of("fp32")[1]
 
 
 def test_tiny_models_are_seeded_and_not_flat(tiny_model, tmp_path):
@@ -72,7 +73,7 @@ def test_embedded_reference_and_requantized_f32(smollm_artefact):
     assert ref_report.passed and "shipped" in ref_report.reference
     f32 = smollm_artefact("llamacpp", "f32")
     report = _check_of(f32)
-    assert report.passed and report.max_abs_diff <= TOLERANCES["f32"][1]
+    assert report.passed and report.max_abs_diff <= check_of("f32")[1]
     assert report.structure.startswith("272 tensors: 272 F32")
     assert "requantized" in f32.weights_note
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scorer_helpers import CountingFakeBackend, ScriptedDecoder, smollm_tokenizer  # noqa: F401
+from scorer_helpers import CountingFakeBackend, ScriptedDecoder
 
 from fastscore.decode import END_OF_TURN, MAX_TOKENS, greedy_decode
 from fastscore.records import GreedyRequest, Message

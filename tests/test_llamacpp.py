@@ -22,6 +22,7 @@ from fastscore.mathops import log_softmax_rows
 from fastscore.records import TokenRequest
 
 L = pytest.importorskip("llama_cpp")
+from fastscore.backends import load  # noqa: E402
 from fastscore.backends.llamacpp import LlamaCppBackend  # noqa: E402
 from fastscore.conversion.quantize import quantize_gguf  # noqa: E402
 
@@ -39,7 +40,7 @@ CONTINUATIONS = [" It prints 5.", " An error is raised.", " The function returns
 
 @pytest.fixture(scope="module")
 def q41():
-    with LlamaCppBackend(SHIPPED, n_ctx=1024, n_seq_max=64) as backend:
+    with load("llamacpp", SHIPPED, n_ctx=1024, n_seq_max=64) as backend:
         yield backend
 
 
@@ -50,7 +51,7 @@ def f32_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def f32(f32_path):
-    with LlamaCppBackend(f32_path, n_ctx=1024, n_seq_max=64, **EXACT) as backend:
+    with load("llamacpp", f32_path, n_ctx=1024, n_seq_max=64, **EXACT) as backend:
         yield backend
 
 
@@ -77,8 +78,7 @@ def max_mean_diff(a, b) -> tuple[float, float]:
 
 
 def test_properties(q41):
-    assert (q41.name, q41.artefact_kind) == ("llamacpp", "gguf")
-    assert q41.shares_prefixes and q41.supports_decoding
+    assert q41.name == "llamacpp"
     assert q41.n_vocab == 49152 and q41.n_ctx_train == 8192 and q41.n_ctx >= 1024
     assert "Q4_1" in q41.describe()
 
@@ -127,7 +127,7 @@ def test_logprob_rows_gather_to_score_tokens(f32):
 def test_results_do_not_depend_on_batch_size_or_order(f32, f32_path):
     reqs = requests_for(f32)
     big = f32.score_tokens(reqs)
-    with LlamaCppBackend(f32_path, n_ctx=256, n_seq_max=3, **EXACT) as small:
+    with load("llamacpp", f32_path, n_ctx=256, n_seq_max=3, **EXACT) as small:
         order = list(reversed(range(len(reqs))))
         got = small.score_tokens([reqs[i] for i in order])
         assert small.stats.forward_calls > 1  # really split into several packs
@@ -143,7 +143,7 @@ def test_group_budget_splits_the_trie_without_changing_results(f32, f32_path):
     reqs = requests_for(f32)
     longest = max(len(r.tokens) for r in reqs)
     big = f32.score_tokens(reqs)
-    with LlamaCppBackend(f32_path, n_ctx=1024, n_seq_max=64, max_group_tokens=1, **EXACT) as tight:
+    with load("llamacpp", f32_path, n_ctx=1024, n_seq_max=64, max_group_tokens=1, **EXACT) as tight:
         tight.stats.reset()
         got = tight.score_tokens(reqs)
         # A budget below the longest request is raised to it: every request still fits one group.
@@ -191,7 +191,7 @@ def test_context_too_long_names_both_lengths(q41):
     with pytest.raises(ContextTooLongError, match=rf"{n} tokens.*{q41.n_ctx} tokens"):
         q41.score_tokens([TokenRequest(tuple([1] * n), 1)])
     with pytest.raises(ContextTooLongError):
-        q41.decoder().start([[1] * n])
+        q41.decoder(1).start([[1] * n])
 
 
 def greedy(decoder, contexts, steps):
@@ -226,7 +226,7 @@ def test_decoder_agrees_with_rescoring_and_with_one_at_a_time(f32):
 
 
 def test_decoder_with_more_contexts_than_sequences(f32, f32_path):
-    with LlamaCppBackend(f32_path, n_ctx=512, n_seq_max=3, **EXACT) as backend:
+    with load("llamacpp", f32_path, n_ctx=512, n_seq_max=3, **EXACT) as backend:
         contexts = decode_contexts(backend)
         calls = backend.stats.forward_calls
         out = greedy(backend.decoder(max_new_tokens=3), contexts, 3)

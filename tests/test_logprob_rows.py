@@ -32,7 +32,7 @@ BACKENDS = {  # label -> (backend, quant, options)
     "reference": ("reference", "fp32", {"n_threads": 1}),
     "onnx-fp32": ("onnx", "fp32", {"n_threads": 1}),
     "llamacpp-f32": ("llamacpp", "f32", {"kv_type": "f32", "flash_attn": "off", "decode_flash_attn": "off",
-                                         "progress": False, "n_threads": 1}),
+                                         "n_threads": 1}),
 }
 REQUIRED_MODULE = {"reference": "transformers", "onnx-fp32": "onnxruntime", "llamacpp-f32": "llama_cpp"}
 

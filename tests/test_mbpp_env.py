@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import random
 import re
 import warnings
@@ -13,22 +12,21 @@ from pathlib import Path
 import pytest
 
 from fastscore.errors import DataError
-from fastscore.study.envs.mbpp import env as mbpp_env
 from fastscore.study.items import Item, Skipped
+from fastscore.records import Message
+from fastscore.study.conditions import record_messages
 from fastscore.study.envs.mbpp.env import (
+    MbppEnv,
     build_items,
-    context_messages,
     evaluate,
     extract_program,
     format_program,
     item_from_failure,
     load_sources,
-    record_messages,
 )
 from fastscore.study.envs.mbpp.mutations import KINDS, all_mutants
 from fastscore.study.envs.mbpp.sandbox import use_isolation
 
-REAL_DATA = Path(os.environ.get("FASTSCORE_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
 FENCED = re.compile(r"\A```python\n(?:[^\n]*[^\s\n][^\n]*\n|\n)*```\Z")
 
 TASKS = [
@@ -65,11 +63,9 @@ def synthetic(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def real():
-    if not (REAL_DATA / "mbpp.jsonl").exists():
-        pytest.skip(f"MBPP data not found at {REAL_DATA} (set FASTSCORE_DATA_DIR)")
-    items, skipped = build_items(REAL_DATA, limit=6, seed=0)
-    sources = {str(s.task_id): s for s in load_sources(REAL_DATA)}
+def real(study_data):
+    items, skipped = build_items(study_data, limit=6, seed=0)
+    sources = {str(s.task_id): s for s in load_sources(study_data)}
     return items, skipped, sources
 
 
@@ -160,9 +156,9 @@ def test_builds_are_deterministic_and_independent_of_the_other_tasks(synthetic, 
     assert [i.candidates for i in other_seed] != [i.candidates for i in items]
 
 
-def test_limit_takes_a_seeded_prefix(real):
+def test_limit_takes_a_seeded_prefix(real, study_data):
     items, _, _ = real
-    fewer, _ = build_items(REAL_DATA, limit=3, seed=0)
+    fewer, _ = build_items(study_data, limit=3, seed=0)
     assert [i.to_json() for i in fewer] == [i.to_json() for i in items[:3]]
 
 
@@ -179,25 +175,22 @@ def test_description_does_not_quote_the_program(real, synthetic):
 
 
 def test_record_messages(synthetic):
-    item = synthetic[1][0]
-    assert context_messages(item) == [
-        {"role": "system", "content": item.system},
-        {"role": "user", "content": item.task},
-    ]
-    after = record_messages(item, "after")
-    assert after == [
-        {"role": "assistant", "content": item.failed_action},
-        {"role": "user", "content": f"Running the tests failed:\n{item.error_message}"},
-    ]
-    assert record_messages(item, "success")[1]["content"] == "All tests passed."
-    assert record_messages(item, "neutral")[1]["content"] == "Program received."
-    assert record_messages(item, "description") == [{"role": "user", "content": item.description}]
-    dont = record_messages(item, "dont_repeat")
+    data_dir, items, _ = synthetic
+    env, item = MbppEnv(data_dir), items[0]
+    assert env.context_messages(item) == (Message("system", item.system), Message("user", item.task))
+    after = record_messages(env, item, "after")
+    assert after == (
+        Message("assistant", item.failed_action),
+        Message("user", f"Running the tests failed:\n{item.error_message}"),
+    )
+    assert record_messages(env, item, "success")[1].content == "All tests passed."
+    assert record_messages(env, item, "neutral")[1].content == "Program received."
+    assert record_messages(env, item, "description") == (Message("user", item.description),)
+    dont = record_messages(env, item, "dont_repeat")
     assert dont[0] == after[0]
-    assert dont[1]["content"].startswith(after[1]["content"])
-    assert dont[1]["content"].endswith("Do not repeat the failed program.")
+    assert dont[1].content == f"{after[1].content}\n\nDo not repeat the failed program."
     with pytest.raises(ValueError):
-        record_messages(item, "unknown")
+        record_messages(env, item, "unknown")
 
 
 def test_extract_program_handles_fenced_raw_and_truncated_answers():
@@ -227,8 +220,16 @@ def test_on_policy_failure_becomes_a_model_item(synthetic):
         item_from_failure(source, format_program(source.code), evaluate(source, source.code), seed=3)
 
 
-def test_module_exposes_the_study_env_protocol():
-    assert callable(mbpp_env.context_messages) and callable(mbpp_env.record_messages)
+def test_the_environment_contract_judges_programs(synthetic):
+    data_dir, items, _ = synthetic
+    env = MbppEnv(data_dir)
+    item = items[0]
+    failed = env.evaluate(item.source_id, item.failed_action)
+    assert not failed.ok and failed.message == item.error_message
+    assert env.evaluate(item.source_id, item.correct_actions[0]).ok
+    assert env.same_action("Here:\n" + item.failed_action + "\nDone.", item.failed_action)
+    assert not env.same_action(item.correct_actions[0], item.failed_action)
+    assert env.build_items(limit=10, seed=3) == (items, synthetic[2])
 
 
 def test_a_model_answer_that_games_the_tests_is_not_a_success(synthetic):

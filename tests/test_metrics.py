@@ -20,7 +20,6 @@ from fastscore.study.metrics import (
     read_score_rows,
     resample_indices,
     summarize,
-    write_score_rows,
 )
 
 
@@ -181,7 +180,7 @@ def test_score_rows_round_trip_through_jsonl_with_infinity_as_null(tmp_path):
     rows = [row("a", "before", -3.5, greedy="f()", greedy_repeat=True, greedy_success=False),
             ScoreRow("a", "mbpp", "ban", -math.inf, 3, (-math.inf, -2.0), (3, 4), 0.0, 0.0, banned_mass=0.4)]
     path = tmp_path / "scores.jsonl"
-    write_score_rows(path, rows)
+    path.write_text("".join(json.dumps(r.to_dict(), allow_nan=False) + "\n" for r in rows))
     assert "Infinity" not in path.read_text() and "NaN" not in path.read_text()
     assert read_score_rows(path) == rows
     path.write_text(path.read_text() + '{"item_id": "b"}\n')

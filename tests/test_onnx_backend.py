@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from fastscore.backends import load
-from fastscore.backends.onnx import Group, common_prefix_len, distinct_prefix_count, plan_groups
+from fastscore.backends.onnx import Group, plan_groups
+from fastscore.engine.trie import common_prefix, distinct_prefix_count
 from fastscore.conversion.hf_to_onnx import LOGITS_START, export_onnx
 from fastscore.errors import ArtefactUnavailableError, ContextTooLongError, ConversionError
 from fastscore.records import TokenRequest
@@ -204,14 +205,14 @@ def test_decoder_greedy_equals_argmax_rescoring(onnx_fp32, reference):
     rng = np.random.default_rng(6)
     first = rng.integers(0, 49152, 7).tolist()
     contexts = [first, rng.integers(0, 49152, 15).tolist(), first, rng.integers(0, 49152, 3).tolist()]
-    generated = _greedy(onnx_fp32.decoder(), contexts, steps=8, drop_at={3: 1, 5: 3})
+    generated = _greedy(onnx_fp32.decoder(8), contexts, steps=8, drop_at={3: 1, 5: 3})
     rescored = onnx_fp32.score_tokens(
         [TokenRequest(tuple(c + g), len(c)) for c, g in zip(contexts, generated)]
     )
     assert [len(g) for g in generated] == [8, 3, 8, 5]
     assert generated[0] == generated[2]
     assert all(s.is_argmax.all() for s in rescored)
-    assert generated == _greedy(reference.decoder(), contexts, steps=8, drop_at={3: 1, 5: 3})
+    assert generated == _greedy(reference.decoder(8), contexts, steps=8, drop_at={3: 1, 5: 3})
 
 
 def _greedy(decoder, contexts, steps: int, drop_at: dict[int, int]) -> list[list[int]]:
@@ -268,7 +269,7 @@ def test_plan_groups_crafted():
     assert plan_groups([(1, 2, 3), (1, 2, 3)]) == [Group((0, 1), 2)]
     # Unrelated sequences of different lengths are cheaper alone than padded together.
     assert len(plan_groups([(1,) * 20, (2,) * 3])) == 2
-    assert common_prefix_len((1, 2, 3), (1, 2, 4)) == 2 and common_prefix_len((), (1,)) == 0
+    assert common_prefix((1, 2, 3), (1, 2, 4)) == 2 and common_prefix((), (1,)) == 0
     assert distinct_prefix_count(seqs) == 6 + 3 + 1 + 1  # trie nodes: 1-2-3-4-{9,8-8}, 1-2-3-5, 5-6-7
 
 

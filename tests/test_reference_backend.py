@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastscore.backends import load
-from fastscore.errors import ArtefactUnavailableError, ContextTooLongError, RequestError
+from fastscore.errors import ArtefactUnavailableError, ContextTooLongError
 from fastscore.records import TokenRequest
 
 SMALL_VOCAB = 64
@@ -70,7 +70,7 @@ def test_stats_count_every_token_fed(small):
 
 def test_decoder_logits_match_scoring(small):
     contexts = [[4, 8, 15, 16], [23, 42], [4, 8, 15, 16]]
-    decoder = small.decoder()
+    decoder = small.decoder(8)
     with decoder:
         first = decoder.start(contexts)
         second = decoder.step([0, 1], [int(first[0].argmax()), 7])
@@ -85,9 +85,9 @@ def test_decoder_logits_match_scoring(small):
     log_softmax = third[0] - np.log(np.exp(third[0].astype(np.float64)).sum())
     later = small.score_tokens([TokenRequest(sequence + (5,), 4)])[0]
     assert abs(later.logprobs[0] - log_softmax[5]) < 1e-4
-    with small.decoder() as again:
+    with small.decoder(8) as again:
         again.start([[1, 2]])
-        with pytest.raises(RequestError):
+        with pytest.raises(ValueError, match="not started"):
             again.step([3], [1])
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from scorer_helpers import fake_scorer, smollm_tokenizer  # noqa: F401
 
 from fastscore.errors import ContextTooLongError, OutputError, RequestError, ResumeConfigError
 from fastscore.outputs import partial_path

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from scorer_helpers import CountingFakeBackend, copy_tokenizer, fake_scorer, smollm_tokenizer  # noqa: F401
+from scorer_helpers import CountingFakeBackend, copy_tokenizer
 
 from fastscore.errors import ContextTooLongError, RequestError, TokenizationError
 from fastscore.mathops import gather_logprobs

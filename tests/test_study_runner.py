@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +22,6 @@ from fastscore.study.plots import PLOT_FILES
 from fastscore.study.runner import StudyConfig, run_study
 from fastscore.study.store import AppendLog, StudyStore
 
-DATA = Path(os.environ.get("FASTSCORE_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 LIMIT = 1
 SEED = 43  # its first items are short (about 1,600 tokens to score in all), which keeps the runs quick
 MAX_NEW = 8
@@ -36,8 +34,8 @@ class Killed(Exception):
     """Stands in for a kill: raised from the runner's per-item hook."""
 
 
-def _config(out: Path, **changes) -> StudyConfig:
-    base = StudyConfig(envs=("tools", "mbpp"), limit=LIMIT, seed=SEED, failures="seeded", out_dir=out, data_dir=DATA,
+def _config(out: Path, data_dir: Path, **changes) -> StudyConfig:
+    base = StudyConfig(envs=("tools", "mbpp"), limit=LIMIT, seed=SEED, failures="seeded", out_dir=out, data_dir=data_dir,
                        n_boot=N_BOOT, max_new_tokens=MAX_NEW, threads=2)
     return replace(base, **changes)
 
@@ -66,10 +64,8 @@ def _assert_same_rows(got: list[dict], want: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def data_dir() -> Path:
-    if not DATA.is_dir():
-        pytest.skip(f"study data not found at {DATA} (set FASTSCORE_DATA)")
-    return DATA
+def data_dir(study_data) -> Path:
+    return study_data
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +120,7 @@ def test_cli_writes_every_output_file_with_every_metric(baseline):
     assert weights and weights != "not recorded"
 
 
-def test_killed_run_resumes_without_losing_or_duplicating_items(baseline, tmp_path):
+def test_killed_run_resumes_without_losing_or_duplicating_items(baseline, tmp_path, data_dir):
     out = tmp_path / "killed"
 
     def kill_at(stage: str):
@@ -135,21 +131,21 @@ def test_killed_run_resumes_without_losing_or_duplicating_items(baseline, tmp_pa
 
     # Killed after the first item's candidate sets were stored, then again after its greedy rows were stored.
     with pytest.raises(Killed, match="score"):
-        run_study(_config(out), progress=False, after_item=kill_at("score"))
+        run_study(_config(out, data_dir), progress=False, after_item=kill_at("score"))
     assert len((out / "logprobs.jsonl").read_text().splitlines()) == 1
     assert not (out / "scores.jsonl").exists()
     with pytest.raises(Killed, match="greedy"):
-        run_study(_config(out, resume=True), progress=False, after_item=kill_at("greedy"))
+        run_study(_config(out, data_dir, resume=True), progress=False, after_item=kill_at("greedy"))
     assert len((out / "logprobs.jsonl").read_text().splitlines()) == 2 * LIMIT
     assert len((out / "scores.jsonl").read_text().splitlines()) == len(CONDITIONS)
-    outcome = run_study(_config(out, resume=True), progress=False)
+    outcome = run_study(_config(out, data_dir, resume=True), progress=False)
     assert outcome.n_resumed == 1
     _assert_same_rows(_rows(out), _rows(baseline))
     assert (out / "items.jsonl").read_text() == (baseline / "items.jsonl").read_text()
     assert json.loads((out / "summary.json").read_text()) == json.loads((baseline / "summary.json").read_text())
 
 
-def test_resume_discards_a_partial_last_line_and_an_incomplete_item(baseline, tmp_path):
+def test_resume_discards_a_partial_last_line_and_an_incomplete_item(baseline, tmp_path, data_dir):
     out = tmp_path / "truncated"
     shutil.copytree(baseline, out)
     lines = (out / "scores.jsonl").read_text().splitlines(keepends=True)
@@ -159,18 +155,18 @@ def test_resume_discards_a_partial_last_line_and_an_incomplete_item(baseline, tm
     kept = "".join(lines[: n_per_item + 3]) + lines[n_per_item + 3][: len(lines[n_per_item + 3]) // 2]
     (out / "scores.jsonl").write_text(kept)
     items_before = (out / "items.jsonl").stat().st_mtime_ns
-    outcome = run_study(_config(out, resume=True), progress=False)
+    outcome = run_study(_config(out, data_dir, resume=True), progress=False)
     assert outcome.n_resumed == 1
     _assert_same_rows(_rows(out), _rows(baseline))
     assert (out / "items.jsonl").stat().st_mtime_ns == items_before  # same config: the item set is not rewritten
 
 
-def test_resume_with_a_different_config_is_refused(baseline, tmp_path):
+def test_resume_with_a_different_config_is_refused(baseline, tmp_path, data_dir):
     out = tmp_path / "other"
     shutil.copytree(baseline, out)
     with pytest.raises(ResumeConfigError, match="seed"):
-        run_study(_config(out, resume=True, seed=1), progress=False)
-    result = CliRunner().invoke(main, ["study", "--out", str(out), "--data", str(DATA), "--limit", "3", "--resume"])
+        run_study(_config(out, data_dir, resume=True, seed=1), progress=False)
+    result = CliRunner().invoke(main, ["study", "--out", str(out), "--data", str(data_dir), "--limit", "3", "--resume"])
     assert result.exit_code == ResumeConfigError.exit_code
     assert "different configuration" in result.output and "limit" in result.output
     assert "Traceback" not in result.output
@@ -179,7 +175,7 @@ def test_resume_with_a_different_config_is_refused(baseline, tmp_path):
 
 def test_model_failures_are_the_models_own_greedy_attempts(tmp_path, data_dir):
     out = tmp_path / "on-policy"
-    outcome = run_study(_config(out, envs=("tools",), failures="model"), progress=False)
+    outcome = run_study(_config(out, data_dir, envs=("tools",), failures="model"), progress=False)
     assert outcome.n_items == {"tools": LIMIT}
     items = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
     assert [i["failure_kind"] for i in items] == ["model"] * LIMIT
@@ -195,18 +191,19 @@ def test_model_failures_are_the_models_own_greedy_attempts(tmp_path, data_dir):
 
 def test_an_item_too_long_for_the_model_is_recorded_and_the_run_goes_on(tmp_path, data_dir):
     from fastscore.session import open_scorer
-    from fastscore.study.envs.tools import env as tools_env
-    from fastscore.study.runner import skipped_counts
-    from fastscore.study.runner_stages import greedy_stage, score_stage
+    from fastscore.study.envs import open_envs
+    from fastscore.study.report import skipped_counts
+    from fastscore.study.stages.decode import greedy_stage
+    from fastscore.study.stages.score import score_stage
 
-    item = tools_env.build_items(data_dir, 1, SEED)[0][0]
+    envs = open_envs(["tools"], data_dir)
+    item = envs["tools"].build_items(1, SEED)[0][0]
     huge = replace(item, item_id=item.item_id + ":huge", task=item.task + " please" * 5000)
     store = StudyStore(tmp_path)
     store.start({"test": 1}, resume=False)
-    envs = {"tools": tools_env}
     with open_scorer("smollm2-135m-instruct", "llamacpp", "q4_1", n_threads=2, progress=False) as scorer:
         score_stage(store, scorer, envs, [huge, item], progress=False)
-        greedy_stage(store, scorer, envs, [huge, item], data_dir, lambda env: MAX_NEW, progress=False)
+        greedy_stage(store, scorer, envs, [huge, item], lambda env: MAX_NEW, progress=False)
     errors = store.item_errors().load()
     assert list(errors) == [huge.item_id]
     assert errors[huge.item_id][0]["reason"] == "context too long for the model"
@@ -223,7 +220,7 @@ def test_missing_data_dir_is_a_clear_error_without_traceback(tmp_path):
     assert "not found" in result.output and str(missing) in result.output
     assert "Traceback" not in result.output
     with pytest.raises(DataError):
-        run_study(_config(tmp_path / "out2", data_dir=missing), progress=False)
+        run_study(_config(tmp_path / "out2", missing), progress=False)
 
 
 # ---------------------------------------------------------------- the store alone (no model)
@@ -253,15 +250,15 @@ def test_store_refuses_resume_with_other_settings_and_fresh_runs_clear_results(t
     assert not (tmp_path / "scores.jsonl").exists()
 
 
-def test_a_study_without_isolation_says_so_in_its_report(baseline, tmp_path):
+def test_a_study_without_isolation_says_so_in_its_report(baseline, data_dir, tmp_path):
     from fastscore.study.report import write_report
-    from fastscore.study.runner import _report_meta
+    from fastscore.study.report import report_meta
 
     note = "MBPP verdicts: rlimits only, not isolated"
     assert note not in (baseline / "report.md").read_text()  # the default sandbox is bubblewrap
-    for config, said in ((_config(tmp_path, sandbox="rlimits"), True), (_config(tmp_path), False),
-                         (_config(tmp_path, sandbox="rlimits", envs=("tools",)), False)):  # fmt: skip
-        report = write_report({}, tmp_path, _report_meta(config, "w", [], [], {}, False)).read_text()
+    for config, said in ((_config(tmp_path, data_dir, sandbox="rlimits"), True), (_config(tmp_path, data_dir), False),
+                         (_config(tmp_path, data_dir, sandbox="rlimits", envs=("tools",)), False)):  # fmt: skip
+        report = write_report({}, tmp_path, report_meta(config, "w", [], [], {}, False)).read_text()
         assert (note in report) == said
     result = CliRunner().invoke(main, ["study", "--sandbox", "chroot", "--out", str(tmp_path / "o")])
     assert result.exit_code != 0 and "bwrap" in result.output
@@ -280,3 +277,15 @@ def test_a_study_needing_bubblewrap_where_it_is_missing_stops_before_loading_a_m
         bwrap_problem.cache_clear()
     assert result.exit_code == SandboxUnavailableError.exit_code, result.output
     assert "sudo apt-get install -y bubblewrap" in result.output and "Traceback" not in result.output
+
+
+def test_the_default_data_folder_does_not_depend_on_the_working_directory(tmp_path, monkeypatch):
+    from fastscore.study.datafile import default_data_dir
+
+    monkeypatch.delenv("FASTSCORE_DATA", raising=False)
+    here = default_data_dir()
+    monkeypatch.chdir(tmp_path)
+    assert default_data_dir() == here and here.is_absolute()
+    assert StudyConfig().data_dir == here
+    monkeypatch.setenv("FASTSCORE_DATA", str(tmp_path))
+    assert default_data_dir() == tmp_path

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,12 @@ from fastscore.errors import DataError
 from fastscore.study.items import Item
 from fastscore.study.envs.tools.mutations import MUTATION_KINDS
 from fastscore.study.envs.tools.runtime import ToolRuntime
+from fastscore.records import Message
+from fastscore.study.conditions import RECORD_CONDITIONS, record_messages
 from fastscore.study.envs.tools.env import (
-    DONT_REPEAT_INSTRUCTION, NEUTRAL_MESSAGE, RECORD_KINDS, RECORD_ROLE, build_items, context_messages, evaluate,
-    item_from_failure, load_sources, record_messages,
+    DONT_REPEAT_INSTRUCTION, NEUTRAL_MESSAGE, RECORD_ROLE, ToolsEnv, build_items, evaluate, item_from_failure,
+    load_sources,
 )
-
-DATA_DIR = Path(os.environ.get("FASTSCORE_DATA_DIR", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
-needs_data = pytest.mark.skipif(not (DATA_DIR / "bfcl").is_dir(), reason=f"study data not found at {DATA_DIR}")
 
 AREA = {"name": "calculate_area", "description": "Area of a rectangle.", "parameters": {
     "type": "dict", "properties": {"width": {"type": "integer", "description": "The width."},
@@ -46,17 +44,13 @@ GOOD = {"calculate_area": {"width": [3], "height": [4]}}
 
 
 @pytest.fixture(scope="module")
-def real_sources():
-    if not (DATA_DIR / "bfcl").is_dir():
-        pytest.skip(f"study data not found at {DATA_DIR}")
-    return {s.source_id: s for s in load_sources(DATA_DIR)}
+def real_sources(study_data):
+    return {s.source_id: s for s in load_sources(study_data)}
 
 
 @pytest.fixture(scope="module")
-def items30():
-    if not (DATA_DIR / "bfcl").is_dir():
-        pytest.skip(f"study data not found at {DATA_DIR}")
-    return build_items(DATA_DIR, limit=30, seed=0)
+def items30(study_data):
+    return build_items(study_data, limit=30, seed=0)
 
 
 def test_real_items_are_well_formed(items30, real_sources):
@@ -79,9 +73,8 @@ def test_real_items_are_well_formed(items30, real_sources):
         assert Item.from_json(item.to_json()) == item
 
 
-@needs_data
-def test_every_real_record_yields_a_valid_item_or_a_reasoned_skip():
-    items, skipped = build_items(DATA_DIR, limit=None, seed=3)
+def test_every_real_record_yields_a_valid_item_or_a_reasoned_skip(study_data):
+    items, skipped = build_items(study_data, limit=None, seed=3)
     assert len(items) + len(skipped) == 600
     assert all(s.reason for s in skipped)
     for item in items:
@@ -92,14 +85,13 @@ def test_every_real_record_yields_a_valid_item_or_a_reasoned_skip():
     print(f"items {len(items)}, skipped {len(skipped)}")
 
 
-@needs_data
-def test_items_are_deterministic_and_depend_on_the_seed(items30):
-    again, _ = build_items(DATA_DIR, limit=30, seed=0)
+def test_items_are_deterministic_and_depend_on_the_seed(items30, study_data):
+    again, _ = build_items(study_data, limit=30, seed=0)
     assert [i.to_json() for i in again] == [i.to_json() for i in items30[0]]
-    other, _ = build_items(DATA_DIR, limit=30, seed=1)
+    other, _ = build_items(study_data, limit=30, seed=1)
     assert [i.item_id for i in other] != [i.item_id for i in again]
     # an item's mutations depend on the seed and its source id only, not on which other items were built
-    first5, _ = build_items(DATA_DIR, limit=5, seed=0)
+    first5, _ = build_items(study_data, limit=5, seed=0)
     assert [i.to_json() for i in first5] == [i.to_json() for i in again[:5]]
 
 
@@ -139,22 +131,21 @@ def test_question_without_answer_raises_data_error(tmp_path):
 
 def test_record_messages_for_every_condition(tmp_path):
     data = _write(tmp_path, {"BFCL_v4_simple_python": [_record("simple_python_0", [GOOD])]})
-    item = build_items(data, limit=None, seed=0)[0][0]
-    assert context_messages(item) == [{"role": "system", "content": item.system},
-                                      {"role": "user", "content": item.task}]
-    after = record_messages(item, "after")
-    assert after == [{"role": "assistant", "content": item.failed_action},
-                     {"role": RECORD_ROLE, "content": item.error_message}]
-    success = record_messages(item, "success")
-    assert success[0] == after[0] and success[1]["content"].startswith("OK: ")
-    assert '{"status": "success"}' in success[1]["content"]
-    assert record_messages(item, "neutral") == [after[0], {"role": RECORD_ROLE, "content": NEUTRAL_MESSAGE}]
-    assert record_messages(item, "description") == [{"role": RECORD_ROLE, "content": item.description}]
-    dont = record_messages(item, "dont_repeat")
-    assert dont[0] == after[0] and dont[1]["content"] == f"{item.error_message}\n{DONT_REPEAT_INSTRUCTION}"
-    assert set(RECORD_KINDS) == {"after", "success", "neutral", "description", "dont_repeat"}
+    env = ToolsEnv(data)
+    item = env.build_items(limit=None, seed=0)[0][0]
+    assert env.context_messages(item) == (Message("system", item.system), Message("user", item.task))
+    after = record_messages(env, item, "after")
+    assert after == (Message("assistant", item.failed_action), Message(RECORD_ROLE, item.error_message))
+    success = record_messages(env, item, "success")
+    assert success[0] == after[0] and success[1].content.startswith("OK: ")
+    assert '{"status": "success"}' in success[1].content
+    assert record_messages(env, item, "neutral") == (after[0], Message(RECORD_ROLE, NEUTRAL_MESSAGE))
+    assert record_messages(env, item, "description") == (Message(RECORD_ROLE, item.description),)
+    dont = record_messages(env, item, "dont_repeat")
+    assert dont[0] == after[0] and dont[1].content == f"{item.error_message}\n{DONT_REPEAT_INSTRUCTION}"
+    assert set(RECORD_CONDITIONS) == {"after", "success", "neutral", "description", "dont_repeat"}
     with pytest.raises(ValueError):
-        record_messages(item, "before")
+        record_messages(env, item, "before")
 
 
 def test_evaluate_and_on_policy_items(tmp_path):
@@ -176,3 +167,16 @@ def test_evaluate_and_on_policy_items(tmp_path):
         assert item.item_id == "tools:simple_python_0:model"
     with pytest.raises(ValueError):
         item_from_failure(source, "calculate_area(width=3, height=4)", wrong, seed=0)
+
+
+def test_the_environment_contract_wraps_the_runtime(tmp_path):
+    data = _write(tmp_path, {"BFCL_v4_simple_python": [_record("simple_python_0", [GOOD])]})
+    env = ToolsEnv(data)
+    judged = env.evaluate("simple_python_0", "calculate_area(width=4, height=3)")
+    assert not judged.ok and judged.kind == "wrong_answer" and "unexpected value 4" in judged.message
+    assert env.evaluate("simple_python_0", "calculate_area(width=3, height=4)").ok
+    made = env.item_from_failure("simple_python_0", "The area is 12.",
+                                 env.evaluate("simple_python_0", "The area is 12."), seed=0)
+    assert made.failure_kind == "model" and made.source_id == "simple_python_0"
+    assert env.same_action(" calculate_area(width=3) \n", "calculate_area(width=3)")
+    assert not env.same_action("calculate_area(width=4)", "calculate_area(width=3)")

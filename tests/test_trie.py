@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fake_backend import FakeBackend
+from fake_backend import FakeBackend, FakeKV
 
-from fastscore.errors import BackendError, ContextTooLongError
+from fastscore.errors import BackendError, ContextTooLongError, ModelLoadError
 from fastscore.mathops import gather_logprobs, log_softmax_rows, logsumexp_rows
 from fastscore.records import TokenRequest
 from fastscore.engine.trie import Trie, all_owners, pack
@@ -72,11 +72,43 @@ def test_decode_packing_gives_every_context_a_sequence():
 def test_scoring_plan_requests_logits_only_where_scored():
     reqs = [TokenRequest(A, 3), TokenRequest(B, 1), TokenRequest(D, 1)]
     plan = ScoringPlan(reqs, 100, 8)
-    (batch,) = list(plan.batches())
+    ((batch, gather),) = list(plan.batches())
     # rows: position 0 (D, B), 1 (B), 2 (predicts 4 for A and 6 for B: one row), 3 on each branch
     assert batch.n_outputs == 5
     assert batch.n_tokens == 7 and batch.n_seqs == 2
     assert plan.requested_tokens == 12 and plan.minimal_tokens == 7 and plan.scored_tokens == 2 + 4 + 1
+    assert sorted(gather.members) == [0, 1, 2] and [len(r) for r in gather.rows] == [r.n_scored for r in reqs]
+
+
+def test_scoring_plan_batches_carry_their_gathers():
+    # Batches materialised before any is run: each keeps its own Gather (no state hidden in the plan).
+    reqs = [TokenRequest(s, 1) for s in CRAFTED]
+    plan = ScoringPlan(reqs, 6, 8)
+    pairs = list(plan.batches())
+    assert len(pairs) > 1 and sorted(i for _, g in pairs for i in g.members) == list(range(len(reqs)))
+    model = FakeBackend().model
+    for batch, gather in reversed(pairs):
+        kv = FakeKV(model, 64, 8, {"forward_calls": 0, "computed_tokens": 0, "output_rows": 0, "batch_sizes": []})
+        for i, scores in zip(gather.members, gather.scores(kv.forward(batch))):
+            want = FakeBackend().score_alone(reqs[i])
+            np.testing.assert_allclose(scores.logprobs, want.logprobs, atol=1e-5)
+
+
+def test_closed_backend_and_decoder_misuse_are_uniform_errors():
+    backend = FakeBackend(n_ctx=64)
+    dec = backend.decoder(2)
+    with pytest.raises(ValueError, match="before start"):
+        dec.step([0], [1])
+    dec.start([A, B])
+    with pytest.raises(ValueError):
+        dec.step([0, 0], [1, 2])
+    with pytest.raises(ValueError):
+        dec.step([0], [1, 2])
+    backend.close()
+    with pytest.raises(ModelLoadError, match="closed"):
+        backend.score_tokens([TokenRequest(A, 1)])
+    with pytest.raises(ModelLoadError, match="closed"):
+        backend.decoder(2)
 
 
 def test_fake_backend_computes_each_shared_prefix_once():
@@ -100,6 +132,18 @@ def test_fake_backend_small_budgets_recompute_exactly_what_packing_says():
     assert backend.counters["computed_tokens"] == 12 and backend.counters["forward_calls"] == 3
     for s, g in zip(CRAFTED, got):
         np.testing.assert_allclose(g.logprobs, backend.score_alone(TokenRequest(s, 1)).logprobs, atol=1e-5)
+
+
+def test_the_group_budget_is_the_shared_kv_cache_policy():
+    # The llama.cpp policy, run on the fake: groups of max_group_tokens, raised to the longest request.
+    budget = FakeBackend(n_ctx=64, n_seq_max=8, max_group_tokens=6)
+    got = budget.score_tokens([TokenRequest(s, 1) for s in CRAFTED])
+    assert budget.counters["computed_tokens"] == 12 and budget.counters["forward_calls"] == 3
+    assert budget.stats.extra["packs"] == 3 and budget.stats.computed_tokens == 12
+    for s, g in zip(CRAFTED, got):
+        np.testing.assert_allclose(g.logprobs, budget.score_alone(TokenRequest(s, 1)).logprobs, atol=1e-5)
+    assert budget.group_tokens([TokenRequest(tuple(range(20)), 1)]) == 20  # never below the longest request
+    assert FakeBackend(n_ctx=16, max_group_tokens=6).group_tokens([TokenRequest(tuple(range(20)), 1)]) == 16
 
 
 def test_fake_logprob_rows_are_the_reference_distributions():
@@ -174,7 +218,7 @@ def test_fake_decoder_reserves_room_for_the_new_tokens_only():
         with pytest.raises(BackendError):
             dec.step([0, 1], [3, 3])
     with pytest.raises(ContextTooLongError, match="70 tokens"):
-        backend.decoder().start([tuple(range(70))])
+        backend.decoder(1).start([tuple(range(70))])
 
 
 def test_fake_decoder_steps_a_subset():

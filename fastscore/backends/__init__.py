@@ -24,6 +24,18 @@ def backend_class(name: str):
     return getattr(importlib.import_module(module), cls)
 
 
-def load(name: str, path: Path, **options):
-    """Open backend `name` on the artefact at `path` (a GGUF file, an ONNX folder or an HF folder)."""
-    return backend_class(name)(Path(path), **options)
+def load(name: str, path: Path, *, n_threads: int | None = None, options=None, progress: bool = False,
+         **fields):
+    """Open backend `name` on the artefact at `path` (a GGUF file, an ONNX folder or an HF folder).
+
+    `options` is the backend's typed options record (fastscore.backends.options); `fields` build one instead,
+    checked against its fields (e.g. load("onnx", path, share_prefixes=False)).
+    """
+    from fastscore.backends.options import options_for
+
+    cls = backend_class(name)
+    if options is None:
+        options = options_for(name, fields)
+    elif fields:
+        raise TypeError("pass either options or option fields, not both")
+    return cls(Path(path), n_threads=n_threads, options=options, progress=progress)

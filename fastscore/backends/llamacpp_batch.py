@@ -7,17 +7,14 @@ file never loads llama.cpp.
 from __future__ import annotations
 
 import ctypes
-import logging
 from dataclasses import dataclass
 
 import numpy as np
 
 from fastscore.backends.llamacpp_abort import AbortOnInterrupt
 from fastscore.errors import BackendError
-from fastscore.records import EngineStats
 from fastscore.engine.plan import Batch
 
-log = logging.getLogger(__name__)
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type ids of the KV cache types offered
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
@@ -94,9 +91,9 @@ class LlamaSession:
     """One llama context run as a trie-plan Session. Logits rows returned by forward() are views into
     llama.cpp's output buffer, valid until the next forward() on this context."""
 
-    def __init__(self, L, ctx, buffer: BatchBuffer, n_vocab: int, stats: EngineStats, owns_ctx: bool) -> None:
+    def __init__(self, L, ctx, buffer: BatchBuffer, n_vocab: int, owns_ctx: bool) -> None:
         self.L, self.ctx, self.buffer, self.owns_ctx = L, ctx, buffer, owns_ctx
-        self.n_vocab, self.stats = n_vocab, stats
+        self.n_vocab = n_vocab
         self.abort = AbortOnInterrupt(L, ctx)
 
     def clear(self) -> None:
@@ -107,12 +104,10 @@ class LlamaSession:
         self.buffer.fill(batch)
         with self.abort.guard():
             rc = self.L.llama_decode(self.ctx, self.buffer.batch)
-        self.stats.forward_calls += 1
         if rc == 1:
             raise BackendError("llama.cpp's KV cache is full (more tokens than the context was sized for)")
         if rc != 0:
             raise BackendError(f"llama_decode failed with code {rc}")
-        self.stats.computed_tokens += batch.n_tokens
         return self._rows(np.flatnonzero(batch.outputs))
 
     def _rows(self, index: np.ndarray) -> np.ndarray:

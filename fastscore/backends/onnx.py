@@ -9,7 +9,6 @@ padding needs no care beyond the attention mask: causal attention never lets a r
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,20 +16,17 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from fastscore.backends.base import Backend, Decoder
+from fastscore.backends.base import Backend, Decoder, check_step
 from fastscore.backends.onnx_session import DecoderSession
-from fastscore.errors import ContextTooLongError, RequestError
-from fastscore.mathops import gather_logprobs, log_softmax_rows
-from fastscore.records import TokenRequest, TokenScores
+from fastscore.backends.options import OnnxOptions
+from fastscore.engine.plan import Gather
+from fastscore.engine.trie import common_prefix
+from fastscore.errors import ContextTooLongError
+from fastscore.records import TokenRequest
 
-log = logging.getLogger(__name__)
 
-# Upper bound on the logits and past/present key/values one continuation batch may hold.
-DEFAULT_MAX_BATCH_BYTES = 1 << 29
 # The fixed cost of one more continuation batch, in tokens of compute (a session call, the past copied again).
 CHUNK_OVERHEAD_TOKENS = 8
-# Long prefixes run in pieces of this many tokens (attention scores grow with the square of a piece).
-DEFAULT_PREFIX_CHUNK = 1024
 
 
 class PrefixCache:
@@ -44,7 +40,7 @@ class PrefixCache:
         """Leading tokens whose past can be reused: shared with the cached prefix and needing no logits row."""
         if self.past is None:
             return 0
-        return min(common_prefix_len(self.tokens, tokens), logits_from)
+        return min(common_prefix(self.tokens, tokens), logits_from)
 
     def past_of(self, n_tokens: int) -> list[np.ndarray]:
         return [np.ascontiguousarray(p[:, :, :n_tokens]) for p in self.past]
@@ -59,15 +55,6 @@ class Group:
 
     members: tuple[int, ...]
     prefix_len: int
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    x, y = np.asarray(a[:n]), np.asarray(b[:n])
-    diff = np.flatnonzero(x != y)
-    return int(diff[0]) if diff.size else n
 
 
 def plan_groups(sequences: Sequence[Sequence[int]]) -> list[Group]:
@@ -87,7 +74,7 @@ def plan_groups(sequences: Sequence[Sequence[int]]) -> list[Group]:
         if not members:
             members, prefix = [index], length
             continue
-        shared = min(prefix, common_prefix_len(sequences[members[-1]], sequences[index]))
+        shared = min(prefix, common_prefix(sequences[members[-1]], sequences[index]))
         shared = min(shared, length - 1, *(len(sequences[m]) - 1 for m in members))
         current = _group_cost(sequences, members, prefix)
         joined = _group_cost(sequences, [*members, index], shared)
@@ -114,68 +101,33 @@ def _close(sequences, members: list[int], prefix: int) -> Group:
     return Group(tuple(members), prefix)
 
 
-def distinct_prefix_count(sequences: Sequence[Sequence[int]]) -> int:
-    """Nodes of the token trie of all sequences: the fewest tokens any prefix-sharing engine must compute."""
-    ordered = sorted(tuple(s) for s in sequences)
-    total, previous = 0, ()
-    for seq in ordered:
-        total += len(seq) - common_prefix_len(previous, seq)
-        previous = seq
-    return total
-
-
 class OnnxBackend(Backend):
     name = "onnx"
-    artefact_kind = "onnx"
-    shares_prefixes = True
-    supports_decoding = True
 
-    def __init__(
-        self,
-        path: Path,
-        n_threads: int | None = None,
-        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-        prefix_chunk: int = DEFAULT_PREFIX_CHUNK,
-        share_prefixes: bool = True,
-    ) -> None:
+    def __init__(self, path: Path, n_threads: int | None = None, options: OnnxOptions | None = None,
+                 progress: bool = False) -> None:
         super().__init__(path, n_threads)
+        options = options or OnnxOptions()
+        self.progress = progress
         self.session = DecoderSession(self.path, n_threads)
         self.n_ctx = self.session.n_ctx
         self.n_vocab = self.session.n_vocab
-        self.max_batch_bytes = int(max_batch_bytes)
-        self.prefix_chunk = int(prefix_chunk)
-        # Off: every request runs whole on its own (the no-sharing baseline for benchmarks).
-        self.share_prefixes = share_prefixes
+        self.max_batch_bytes = options.max_batch_bytes
+        self.prefix_chunk = options.prefix_chunk
+        self.share_prefixes = options.share_prefixes
 
-    def score_tokens(self, requests: Sequence[TokenRequest]) -> list[TokenScores]:
-        return self._map_logits(requests, self._scores)
-
-    def logprob_rows(self, requests: Sequence[TokenRequest]) -> list[np.ndarray]:
-        return self._map_logits(requests, lambda request, rows: log_softmax_rows(rows))
-
-    def _map_logits(self, requests: Sequence[TokenRequest], reduce) -> list:
-        """reduce(request, logits rows predicting its scored tokens) for each request, in request order."""
-        self.check_context(requests)
+    def _logits(self, requests: Sequence[TokenRequest]):
         sequences = [r.tokens for r in requests]
-        self.stats.requested_tokens += sum(map(len, sequences))
-        self.stats.scored_tokens += sum(r.n_scored for r in requests)
-        self.stats.trie_minimal_tokens += distinct_prefix_count(sequences)
         if self.share_prefixes:
             groups = plan_groups(sequences)
         else:
             groups = [Group((i,), len(s)) for i, s in enumerate(sequences)]
-        results: list = [None] * len(requests)
         cache = PrefixCache() if self.share_prefixes else None
-        with tqdm(total=len(requests), desc="onnx scoring", unit="req", disable=None, leave=False) as bar:
+        with tqdm(total=len(requests), desc="onnx scoring", unit="req", disable=not self.progress, leave=False) as bar:
             for group in groups:
                 for index, rows in self._group_logits(requests, group, cache):
-                    results[index] = reduce(requests[index], rows)
+                    yield Gather.whole(index, requests[index]), rows
                 bar.update(len(group.members))
-        return results
-
-    def _scores(self, request: TokenRequest, logits_rows: np.ndarray) -> TokenScores:
-        logprobs, is_argmax = gather_logprobs(logits_rows, np.asarray(request.tokens[request.score_from :]))
-        return TokenScores(logprobs=logprobs, is_argmax=is_argmax)
 
     def _group_logits(self, requests: Sequence[TokenRequest], group: Group, cache: PrefixCache | None = None):
         """Yield (request index, logits rows predicting its scored tokens [n_scored, V])."""
@@ -203,7 +155,7 @@ class OnnxBackend(Backend):
             piece = tokens[done : done + self.prefix_chunk]
             start = min(max(logits_from - done, 0), len(piece))
             logits, past = self.session.run_sequence(piece, start, past, past_len=done)
-            self._count(len(piece))
+            self.count_forward(len(piece))
             pieces.append(logits)
             done += len(piece)
         if cache is not None:
@@ -253,7 +205,7 @@ class OnnxBackend(Backend):
         repeated = None if past is None else [np.repeat(p, batch, axis=0) for p in past]
         start = max(0, min(requests[m].score_from for m in chunk) - 1 - prefix_len)
         logits, _ = self.session.run(ids, mask, positions, repeated, logits_start=start, want_present=False)
-        self._count(ids.size)
+        self.count_forward(ids.size)
         padding = int(ids.size - sum(map(len, suffixes)))
         self.stats.extra["padding_tokens"] = self.stats.extra.get("padding_tokens", 0) + padding
         prefix_first = min(first_row, prefix_len)
@@ -264,14 +216,10 @@ class OnnxBackend(Backend):
             from_suffix = logits[row, wanted[wanted >= prefix_len] - prefix_len - start]
             yield m, np.concatenate([from_prefix, from_suffix], axis=0)
 
-    def _count(self, tokens: int) -> None:
-        self.stats.computed_tokens += int(tokens)
-        self.stats.forward_calls += 1
-
-    def decoder(self) -> "OnnxDecoder":
+    def _decoder(self, max_new_tokens: int) -> "OnnxDecoder":
         return OnnxDecoder(self)
 
-    def close(self) -> None:
+    def _release(self) -> None:
         self.session = None
 
 
@@ -287,10 +235,9 @@ class OnnxDecoder(Decoder):
         self.lengths = np.zeros(0, dtype=np.int64)  # real tokens so far = the next token's position
 
     def start(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
+        self.backend._require_open()
+        self.backend.check_context(contexts)
         contexts = [tuple(c) for c in contexts]
-        for position, context in enumerate(contexts):
-            if not context or len(context) >= self.backend.n_ctx:
-                raise ContextTooLongError(f"context of {len(context)} tokens cannot be decoded", request_id=position)
         unique = {context: None for context in contexts}
         for context in unique:  # identical contexts (e.g. several bans of one prompt) run once
             logits, past = self.backend._run_prefix(context, len(context) - 1)
@@ -309,8 +256,7 @@ class OnnxDecoder(Decoder):
         return np.stack([unique[c][0] for c in contexts]).astype(np.float32, copy=False)
 
     def step(self, active: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
-        if len(active) != len(tokens):
-            raise RequestError(f"step got {len(active)} sequences but {len(tokens)} tokens")
+        check_step(active, tokens)
         if not len(active):
             return np.zeros((0, self.backend.n_vocab), dtype=np.float32)
         if list(active) != self.ids:
@@ -321,7 +267,7 @@ class OnnxDecoder(Decoder):
         ids = np.asarray(tokens, dtype=np.int64).reshape(batch, 1)
         mask = np.concatenate([self.mask, np.ones((batch, 1), dtype=np.int64)], axis=1)
         logits, self.past = self.session.run(ids, mask, self.lengths[:, None], self.past)
-        self.backend._count(batch)
+        self.backend.count_forward(batch)
         self.mask = mask
         self.lengths = self.lengths + 1
         return logits[:, -1].astype(np.float32, copy=False)
@@ -331,7 +277,7 @@ class OnnxDecoder(Decoder):
         where = {seq: row for row, seq in enumerate(self.ids)}
         missing = [a for a in active if a not in where]
         if missing:
-            raise RequestError(f"sequences {missing} are not active in this decoder")
+            raise ValueError(f"sequences {missing} are not active in this decoder")
         rows = np.array([where[a] for a in active])
         mask = self.mask[rows]
         used = np.flatnonzero(mask.any(axis=0))

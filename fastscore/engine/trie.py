@@ -9,13 +9,10 @@ The scoring and decoding plans built on this live in fastscore.engine.plan.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -41,10 +38,32 @@ class Node:
         return out[::-1]
 
 
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences (the one helper every sharing engine uses)."""
     n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
     return int(diff[0]) if len(diff) else n
+
+
+def distinct_prefix_positions(sequences: Sequence[Sequence[int]]) -> np.ndarray:
+    """0-based position of every node token of the trie of `sequences`: each distinct prefix once.
+
+    Its size is the trie-minimal token count, the fewest tokens any prefix-sharing engine must compute.
+    """
+    ordered = sorted(tuple(s) for s in sequences)
+    positions: list[np.ndarray] = []
+    previous: tuple[int, ...] = ()
+    for seq in ordered:
+        positions.append(np.arange(common_prefix(previous, seq), len(seq)))
+        previous = seq
+    return np.concatenate(positions) if positions else np.zeros(0, dtype=np.int64)
+
+
+def distinct_prefix_count(sequences: Sequence[Sequence[int]]) -> int:
+    """Tokens of the trie of `sequences` (see distinct_prefix_positions)."""
+    return int(distinct_prefix_positions(sequences).size)
 
 
 class Trie:
@@ -64,7 +83,7 @@ class Trie:
         stack, previous = [self.root], None
         for i in order:
             seq = self.sequences[i]
-            shared = 0 if previous is None else _common_prefix(previous, seq)
+            shared = 0 if previous is None else common_prefix(previous, seq)
             while len(stack) > 1 and stack[-1].start >= shared:
                 stack.pop()
             top = stack[-1]

@@ -19,39 +19,29 @@ Every condition scores the item's fixed candidate set (the failed action first) 
 
 from __future__ import annotations
 
-import importlib
-import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 from fastscore.errors import DataError
 from fastscore.records import CandidateSet, GreedyRequest, Message
+from fastscore.study.envs.base import StudyEnv
 from fastscore.study.items import Item
-from fastscore.study.metrics import CONDITIONS, ENVS
 
-log = logging.getLogger(__name__)
-
+# The study's vocabulary: every module (metrics, report, plots, runner, bench, quant check) reads it from here.
+CONDITIONS = ("before", "after", "success", "neutral", "description", "dont_repeat", "clean_retry", "ban")
+REFERENCE = "before"
+REMEDIES = ("description", "dont_repeat", "clean_retry")
 # Conditions whose context is `context` + the environment's record messages of the same name.
 RECORD_CONDITIONS = ("after", "success", "neutral", "description", "dont_repeat")
 BAN_CONTEXT = "after"  # the decoder ban acts on the harness that keeps the verbatim record
-ENV_MODULES = {"tools": "fastscore.study.envs.tools.env", "mbpp": "fastscore.study.envs.mbpp.env"}
-
-
-class StudyEnv(Protocol):
-    """What the study needs from an environment module (fastscore.study.envs.tools.env / mbpp_env)."""
-
-    def context_messages(self, item: Item) -> Sequence[Message | Mapping[str, str]]: ...
-
-    def record_messages(self, item: Item, kind: str) -> Sequence[Message | Mapping[str, str]]: ...
-
-
-def env_module(env: str) -> ModuleType:
-    if env not in ENV_MODULES:
-        raise DataError(f"unknown environment {env!r} (expected one of {', '.join(ENVS)})")
-    return importlib.import_module(ENV_MODULES[env])
+# The decoder ban makes the failed string unreachable: its lp is -inf by construction, so G is undefined.
+GAIN_UNDEFINED = {"ban": "the decoder ban makes the failed action unreachable (lp = -inf by construction)"}
+GAIN_CONDITIONS = tuple(c for c in CONDITIONS if c != REFERENCE and c not in GAIN_UNDEFINED)
+# Remedies whose messages are the reference's own: G = 0 and the whole inversion "removed" by construction.
+SAME_AS_REFERENCE = {"clean_retry": "its messages are exactly `before`'s (the record is deleted), so G = 0 and the "
+                                    "inversion is removed by construction; only its greedy columns say anything"}
 
 
 @dataclass(frozen=True)
@@ -84,17 +74,30 @@ def by_condition(results: Sequence[Any]) -> dict[str, Any]:
     return {r.id.rsplit("::", 1)[1]: r for r in results}
 
 
-def as_messages(messages: Sequence[Message | Mapping[str, str]]) -> tuple[Message, ...]:
-    """Environments may return {role, content} dicts; the scorer takes Message records."""
-    return tuple(m if isinstance(m, Message) else Message(role=m["role"], content=m["content"]) for m in messages)
+def record_messages(env: StudyEnv, item: Item, kind: str) -> tuple[Message, ...]:
+    """The messages after the (system, user) context under one record condition, from the environment's Records."""
+    records = env.records
+    attempt = Message("assistant", item.failed_action)
+    if kind == "after":
+        return attempt, Message(records.role, env.failure_report(item))
+    if kind == "success":
+        return attempt, Message(records.role, env.success_message(item))
+    if kind == "neutral":
+        return attempt, Message(records.role, records.neutral)
+    if kind == "description":
+        return (Message(records.role, item.description),)
+    if kind == "dont_repeat":
+        report = env.failure_report(item) + records.dont_repeat_separator + records.dont_repeat
+        return attempt, Message(records.role, report)
+    raise ValueError(f"unknown record kind {kind!r} (expected one of {', '.join(RECORD_CONDITIONS)})")
 
 
 def render_conditions(
     item: Item, env: StudyEnv, conditions: Sequence[str] = CONDITIONS
 ) -> tuple[ConditionContext, ...]:
     """The contexts of `item` under each condition, in `conditions` order."""
-    context = as_messages(env.context_messages(item))
-    records = {kind: as_messages(env.record_messages(item, kind)) for kind in RECORD_CONDITIONS}
+    context = env.context_messages(item)
+    records = {kind: record_messages(env, item, kind) for kind in RECORD_CONDITIONS}
     out = []
     for cond in conditions:
         if cond in ("before", "clean_retry"):
@@ -106,6 +109,13 @@ def render_conditions(
         else:
             raise DataError(f"unknown condition {cond!r} (expected one of {', '.join(CONDITIONS)})")
     return tuple(out)
+
+
+def distinct(contexts: Sequence[ConditionContext], key) -> dict[str, str]:
+    """condition -> the condition whose request stands for it (the first with an identical request): clean_retry
+    renders to before's messages, and ban to after's candidate set."""
+    first: dict[Any, str] = {}
+    return {c.condition: first.setdefault(key(c), c.condition) for c in contexts}
 
 
 def banned_candidate_lp(cand_lp: Sequence[float], banned_index: int = 0) -> tuple[float, ...]:

@@ -3,9 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from fastscore.errors import DataError
+
+DATA_VARIABLE = "FASTSCORE_DATA"
+
+
+def default_data_dir() -> Path:
+    """The study data folder: $FASTSCORE_DATA, else `shared/data` beside the checkout (where the Makefile's
+    DATA=../shared/data points), whatever the working directory."""
+    chosen = os.environ.get(DATA_VARIABLE)
+    return Path(chosen) if chosen else Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def read_json_objects(path: Path) -> list[tuple[int, dict]]:

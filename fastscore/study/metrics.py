@@ -17,6 +17,15 @@ from typing import Any, Iterable
 import numpy as np
 
 from fastscore.errors import DataError
+from fastscore.study.conditions import (  # the study's vocabulary, re-exported for the tables' readers
+    CONDITIONS,
+    GAIN_CONDITIONS,
+    GAIN_UNDEFINED,
+    REFERENCE,
+    REMEDIES,
+    SAME_AS_REFERENCE,
+)
+from fastscore.study.envs import ENVS
 from fastscore.study.metrics_stats import (  # re-exported: the maths is part of this module's public API
     CI_LEVEL,
     Estimate,
@@ -37,19 +46,9 @@ __all__ = [
     "CI_LEVEL", "CONDITIONS", "ENVS", "GAIN_CONDITIONS", "GAIN_UNDEFINED", "REFERENCE", "REMEDIES", "SAME_AS_REFERENCE",
     "EnvTable", "Estimate", "ScoreRow", "assert_json_safe", "bootstrap_ci", "bootstrap_means", "build_tables",
     "candidate_probabilities", "corrective_gain", "odds_factor", "present_count", "ratio_ci", "read_score_rows",
-    "resample_indices", "share_removed", "summarize", "write_score_rows",
+    "resample_indices", "share_removed", "summarize",
 ]
 
-ENVS = ("tools", "mbpp")
-CONDITIONS = ("before", "after", "success", "neutral", "description", "dont_repeat", "clean_retry", "ban")
-REFERENCE = "before"
-REMEDIES = ("description", "dont_repeat", "clean_retry")
-# The decoder ban makes the failed string unreachable: its lp is -inf by construction, so G is undefined.
-GAIN_UNDEFINED = {"ban": "the decoder ban makes the failed action unreachable (lp = -inf by construction)"}
-GAIN_CONDITIONS = tuple(c for c in CONDITIONS if c != REFERENCE and c not in GAIN_UNDEFINED)
-# Remedies whose messages are the reference's own: G = 0 and the whole inversion "removed" by construction.
-SAME_AS_REFERENCE = {"clean_retry": "its messages are exactly `before`'s (the record is deleted), so G = 0 and the "
-                                    "inversion is removed by construction; only its greedy columns say anything"}
 GAIN_METRICS = ("gain", "gain_per_token", "odds_factor", "share_negative")
 ROW_METRICS = ("p_repeat", "p_repeat_norm", "greedy_repeat", "greedy_success", "banned_mass")
 
@@ -129,12 +128,6 @@ def read_score_rows(path: Path) -> list[ScoreRow]:
                 except (json.JSONDecodeError, DataError) as exc:
                     raise DataError(f"{path}:{number}: {exc}") from exc
     return rows
-
-
-def write_score_rows(path: Path, rows: Iterable[ScoreRow]) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row.to_dict(), ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def candidate_probabilities(cand_lp: Iterable[float], cand_n_tokens: Iterable[int]) -> tuple[float, float]:

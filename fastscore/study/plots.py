@@ -8,7 +8,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from fastscore.study.metrics import GAIN_CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES, ScoreRow, build_tables
+from fastscore.deps import require
+from fastscore.study.conditions import GAIN_CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES
+from fastscore.study.metrics import ScoreRow, build_tables
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +26,18 @@ PLOT_TITLES = {
 _JITTER_SEED = 0  # fixed so the same rows always draw the same figure
 
 
-def write_plots(rows: Iterable[ScoreRow], summary: dict[str, Any], out_dir: Path) -> list[Path]:
-    """Write the three PNG figures into out_dir and return their paths."""
-    import matplotlib
-
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (the `study` extra; no display is ever needed)."""
+    matplotlib = require("matplotlib", "study")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plots(rows: Iterable[ScoreRow], summary: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Write the three PNG figures into out_dir and return their paths."""
+    plt = pyplot()
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import logging
+import shlex
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fastscore.study.metrics import CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES, SAME_AS_REFERENCE
+from fastscore.study.conditions import CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES, SAME_AS_REFERENCE
+from fastscore.study.envs.mbpp.isolation import NOT_ISOLATED_NOTE
+from fastscore.study.items import Skipped
 from fastscore.study.plots import PLOT_FILES, PLOT_TITLES
 
 log = logging.getLogger(__name__)
@@ -249,3 +255,63 @@ def _plots(out_dir: Path) -> str:
         return "## Plots\n\nNo plot was written."
     return "## Plots\n\n" + "\n\n".join(f"### {PLOT_TITLES[name]}\n\n![{PLOT_TITLES[name]}]({name})"
                                        for name in present)
+
+
+# ---------------------------------------------------------------- run metadata and the terminal headline
+
+
+def skipped_counts(skipped: Sequence[Skipped], errors: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """{env: {reason: count}} over source records passed over and items that could not be scored."""
+    counts: dict[str, dict[str, int]] = {}
+    for env, reason in [(s.env, s.reason) for s in skipped] + [(e["env"], e["reason"]) for e in errors]:
+        by_reason = counts.setdefault(env, {})
+        by_reason[reason] = by_reason.get(reason, 0) + 1
+    return counts
+
+
+def report_meta(config, weights: str, skipped: Sequence[Skipped], errors: Sequence[dict[str, Any]],
+                 stage_seconds: dict[str, float], resumed: bool) -> dict[str, Any]:
+    return {
+        "weights": weights,
+        "model": config.model,
+        "backend": config.backend,
+        "quant": config.quant,
+        "seed": config.seed,
+        "limit": config.limit,
+        "failure_source": config.failures,
+        "n_boot": config.n_boot,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": shlex.join(["fastscore", *sys.argv[1:]]) + (" (resumed)" if resumed else ""),
+        "stage_seconds": {k: round(v, 1) for k, v in stage_seconds.items()},
+        "skipped": skipped_counts(skipped, errors),
+        "sandbox_note": NOT_ISOLATED_NOTE if "mbpp" in config.envs and config.sandbox == "rlimits" else None,
+    }
+
+
+def headline(outcome) -> list[str]:
+    """A few lines for the terminal: the main numbers of each environment and the measured time."""
+    lines = []
+    for env, s in outcome.summary.items():
+        conds = s["conditions"]
+        after, before = conds.get("after", {}), conds.get("before", {})
+        parts = [f"{env}: {s['n_items']} items"]
+        if "gain" in after:
+            g, t = after["gain"], after["gain_per_token"]
+            parts.append(f"G(after) = {g['mean']:.2f} nats [{_ci(g)}], {t['mean']:.3f} nats/token")
+            parts.append(f"share G<0 = {after['share_negative']['mean']:.0%}")
+        if "p_repeat" in before and "p_repeat" in after:
+            parts.append(f"P(repeat) {before['p_repeat']['mean']:.2f} -> {after['p_repeat']['mean']:.2f}")
+        if "greedy_repeat" in before and "greedy_repeat" in after:
+            parts.append(f"greedy repro {before['greedy_repeat']['mean']:.0%} -> {after['greedy_repeat']['mean']:.0%}")
+        lines.append("; ".join(parts))
+    stages = ", ".join(f"{k} {v:.0f} s" for k, v in outcome.stage_seconds.items())
+    lines.append(f"measured time: {outcome.total_seconds:.0f} s ({stages})")
+    if outcome.n_resumed:
+        lines.append(f"({outcome.n_resumed} items were already complete from the interrupted run)")
+    if outcome.n_item_errors:
+        lines.append(f"{outcome.n_item_errors} item(s) could not be scored; reasons in the report")
+    return lines
+
+
+def _ci(est: dict[str, Any]) -> str:
+    return "n/a" if est.get("lo") is None else f"{est['lo']:.2f}, {est['hi']:.2f}"

@@ -11,25 +11,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shlex
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 from fastscore.errors import DataError
 from fastscore.outputs import OutDirLock
 from fastscore.registry import default_model
-from fastscore.study.conditions import env_module
-from fastscore.study.envs.mbpp.isolation import NOT_ISOLATED_NOTE
+from fastscore.study.conditions import CONDITIONS
+from fastscore.study.datafile import default_data_dir
+from fastscore.study.envs import ENVS, env_class, items_for_envs, open_envs
+from fastscore.study.envs.base import StudyEnv
 from fastscore.study.items import Item, Skipped
-from fastscore.study.metrics import CONDITIONS, ENVS, read_score_rows, summarize
-from fastscore.study.runner_stages import ModelFailureBuilder, greedy_stage, score_stage
+from fastscore.study.metrics import read_score_rows, summarize
+from fastscore.study.onpolicy import ModelFailureBuilder
+from fastscore.study.stages.decode import greedy_stage
+from fastscore.study.stages.score import score_stage
 from fastscore.study.store import SCORES_FILE, StudyStore
 
 log = logging.getLogger(__name__)
@@ -41,10 +40,6 @@ FAILURE_SOURCES = ("seeded", "model")
 # threefold (8 per env took 655 s then).
 # The run prints its measured time.
 DEFAULT_LIMIT = 20
-# Greedy token caps. A tool call is one short line; a program needs room for a function body and its fences. Each
-# item decodes at most twice its longest candidate (runner_stages.greedy_budget), so the caps rarely bind; they
-# are also the length of the model's own attempt under --failures model.
-ENV_MAX_NEW_TOKENS = {"tools": 96, "mbpp": 256}
 
 
 @dataclass(frozen=True)
@@ -57,10 +52,13 @@ class StudyConfig:
     seed: int = 0
     failures: str = "seeded"  # "seeded": mutations of the ground truth; "model": the model's own failed attempts
     out_dir: Path = Path("study-out")
-    data_dir: Path = Path("../shared/data")
+    data_dir: Path = field(default_factory=default_data_dir)
     resume: bool = False
     n_boot: int = 2000
-    max_new_tokens: int | None = None  # greedy token cap; None: ENV_MAX_NEW_TOKENS per environment
+    # Greedy token cap; None: each environment's own (StudyEnv.max_new_tokens). Each item decodes at most twice its
+    # longest candidate (stages.decode.greedy_budget), so the caps rarely bind; they are also the length of the
+    # model's own attempt under --failures model.
+    max_new_tokens: int | None = None
     hf_path: Path | None = None
     threads: int | None = None
     sandbox: str = "bwrap"  # MBPP programs: "bwrap" (isolated) or "rlimits" (not isolated; the report says so)
@@ -72,7 +70,7 @@ class StudyConfig:
             object.__setattr__(self, "quant", default_quant(self.model, self.backend))
 
     def new_tokens(self, env: str) -> int:
-        return self.max_new_tokens if self.max_new_tokens is not None else ENV_MAX_NEW_TOKENS[env]
+        return self.max_new_tokens if self.max_new_tokens is not None else env_class(env).max_new_tokens
 
     def result_settings(self) -> dict[str, Any]:
         """The settings that determine the results: a resumed run must use the same ones (config.json)."""
@@ -138,34 +136,29 @@ def check_config(config: StudyConfig) -> None:
         raise DataError(f"study data folder {data} not found (resolved: {data.resolve()}); pass --data DIR")
 
 
-def _open_scorer(config: StudyConfig):
+def _open_scorer(config: StudyConfig, progress: bool):
     from fastscore.session import open_scorer  # imports a backend: only when a study actually runs
 
-    return open_scorer(config.model, config.backend, config.quant, hf_path=config.hf_path, n_threads=config.threads)
+    return open_scorer(config.model, config.backend, config.quant, hf_path=config.hf_path, n_threads=config.threads,
+                       progress=progress)
 
 
-def _build_items(config: StudyConfig, envs: dict, scorer, progress: bool) -> tuple[list[Item], list[Skipped]]:
-    items: list[Item] = []
-    skipped: list[Skipped] = []
-    for name, env in envs.items():
-        if config.failures == "seeded":
-            built, passed_over = env.build_items(Path(config.data_dir), config.limit, config.seed)
-        else:
-            builder = ModelFailureBuilder(name, env, scorer, Path(config.data_dir), config.seed,
-                                          config.new_tokens(name))
-            built, passed_over = builder.build(config.limit, progress)
-        if len({item.item_id for item in built}) != len(built):
-            raise DataError(f"{name}: the environment built items with duplicate ids")
-        log.info("%s: %d items, %d source records skipped", name, len(built), len(passed_over))
-        items += built
-        skipped += passed_over
-    return items, skipped
+def _build_items(config: StudyConfig, envs: Mapping[str, StudyEnv], scorer, progress: bool
+                 ) -> tuple[list[Item], list[Skipped]]:
+    if config.failures == "seeded":
+        return items_for_envs(envs, config.limit, config.seed)
+
+    def own_failures(env: StudyEnv) -> tuple[list[Item], list[Skipped]]:
+        builder = ModelFailureBuilder(env, scorer, config.seed, config.new_tokens(env.name))
+        return builder.build(config.limit, progress)
+
+    return items_for_envs(envs, config.limit, config.seed, build=own_failures)
 
 
 def run_study(
     config: StudyConfig,
     *,
-    progress: bool = True,
+    progress: bool = False,
     after_item: Callable[[str, str], None] | None = None,
 ) -> StudyOutcome:
     """Run (or resume) the study described by `config`; `after_item(stage, item_id)` is called after each item is
@@ -190,9 +183,9 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
     timer = StageTimer()
     store = StudyStore(Path(config.out_dir))
     store.check_resume(config.result_settings(), config.resume)
-    envs = {name: env_module(name) for name in config.envs}
+    envs = open_envs(config.envs, Path(config.data_dir), progress=progress)
     with timer("load model"):
-        scorer = _open_scorer(config)
+        scorer = _open_scorer(config, progress)
     try:
         # Only now, with every setting valid and the model loaded, may the previous run's files be replaced.
         resumed = store.start(config.result_settings(), config.resume)
@@ -208,13 +201,10 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
         with timer("score candidate sets"):
             score_stage(store, scorer, envs, items, progress=progress, after_item=after_item)
         with timer("greedy decoding"):
-            greedy_stage(store, scorer, envs, items, Path(config.data_dir), config.new_tokens,
-                         progress=progress, after_item=after_item)
+            greedy_stage(store, scorer, envs, items, config.new_tokens, progress=progress, after_item=after_item)
         weights = scorer.weights_note
     finally:
-        close = getattr(scorer, "close", None)
-        if close is not None:
-            close()
+        scorer.close()
     with timer("summarise"):
         rows = read_score_rows(store.path(SCORES_FILE))
         summary = summarize(rows, seed=config.seed, n_boot=config.n_boot)
@@ -222,10 +212,10 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
     errors = [r for records in store.item_errors().load().values() for r in records]
     with timer("report and plots"):
         from fastscore.study.plots import write_plots
-        from fastscore.study.report import write_report
+        from fastscore.study.report import report_meta, write_report
 
         plots = write_plots(rows, summary, Path(config.out_dir))  # before the report, which links the plots
-        meta = _report_meta(config, weights, skipped, errors, timer.seconds, resumed)
+        meta = report_meta(config, weights, skipped, errors, timer.seconds, resumed)
         report = write_report(summary, Path(config.out_dir), meta)
     total = time.perf_counter() - started
     n_items = {env: s["n_items"] for env, s in summary.items()}
@@ -233,61 +223,3 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
     log.info("study finished in %.1f s", total)
     return StudyOutcome(Path(config.out_dir), n_items, len(errors), n_resumed, summary, dict(timer.seconds),
                         total, tuple(dict.fromkeys(files + (summary_path, report))))
-
-
-def skipped_counts(skipped: Sequence[Skipped], errors: Sequence[dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """{env: {reason: count}} over source records passed over and items that could not be scored."""
-    counts: dict[str, dict[str, int]] = {}
-    for env, reason in [(s.env, s.reason) for s in skipped] + [(e["env"], e["reason"]) for e in errors]:
-        by_reason = counts.setdefault(env, {})
-        by_reason[reason] = by_reason.get(reason, 0) + 1
-    return counts
-
-
-def _report_meta(config: StudyConfig, weights: str, skipped: Sequence[Skipped], errors: Sequence[dict[str, Any]],
-                 stage_seconds: dict[str, float], resumed: bool) -> dict[str, Any]:
-    return {
-        "weights": weights,
-        "model": config.model,
-        "backend": config.backend,
-        "quant": config.quant,
-        "seed": config.seed,
-        "limit": config.limit,
-        "failures": config.failures,
-        "failure_source": config.failures,
-        "n_boot": config.n_boot,
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": shlex.join(["fastscore", *sys.argv[1:]]) + (" (resumed)" if resumed else ""),
-        "stage_seconds": {k: round(v, 1) for k, v in stage_seconds.items()},
-        "skipped": skipped_counts(skipped, errors),
-        "sandbox_note": NOT_ISOLATED_NOTE if "mbpp" in config.envs and config.sandbox == "rlimits" else None,
-    }
-
-
-def headline(outcome: StudyOutcome) -> list[str]:
-    """A few lines for the terminal: the main numbers of each environment and the measured time."""
-    lines = []
-    for env, s in outcome.summary.items():
-        conds = s["conditions"]
-        after, before = conds.get("after", {}), conds.get("before", {})
-        parts = [f"{env}: {s['n_items']} items"]
-        if "gain" in after:
-            g, t = after["gain"], after["gain_per_token"]
-            parts.append(f"G(after) = {g['mean']:.2f} nats [{_ci(g)}], {t['mean']:.3f} nats/token")
-            parts.append(f"share G<0 = {after['share_negative']['mean']:.0%}")
-        if "p_repeat" in before and "p_repeat" in after:
-            parts.append(f"P(repeat) {before['p_repeat']['mean']:.2f} -> {after['p_repeat']['mean']:.2f}")
-        if "greedy_repeat" in before and "greedy_repeat" in after:
-            parts.append(f"greedy repro {before['greedy_repeat']['mean']:.0%} -> {after['greedy_repeat']['mean']:.0%}")
-        lines.append("; ".join(parts))
-    stages = ", ".join(f"{k} {v:.0f} s" for k, v in outcome.stage_seconds.items())
-    lines.append(f"measured time: {outcome.total_seconds:.0f} s ({stages})")
-    if outcome.n_resumed:
-        lines.append(f"({outcome.n_resumed} items were already complete from the interrupted run)")
-    if outcome.n_item_errors:
-        lines.append(f"{outcome.n_item_errors} item(s) could not be scored; reasons in the report")
-    return lines
-
-
-def _ci(est: dict[str, Any]) -> str:
-    return "n/a" if est.get("lo") is None else f"{est['lo']:.2f}, {est['hi']:.2f}"

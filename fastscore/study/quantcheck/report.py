@@ -4,7 +4,6 @@ and two plots (reference G vs variant G per variant; sign agreement by |G_ref| b
 from __future__ import annotations
 
 import json
-import logging
 import time
 import zlib
 from collections.abc import Sequence
@@ -26,7 +25,6 @@ from fastscore.study.quantcheck.stats import (
 )
 from fastscore.study.metrics_stats import CI_LEVEL, assert_json_safe, resample_indices
 
-log = logging.getLogger(__name__)
 
 ALL = "all"
 SCATTER_PLOT = "quant_scatter.png"
@@ -161,10 +159,9 @@ def render_markdown(summary: dict[str, Any], plots: Sequence[str]) -> str:
 
 
 def write_plots(summary: dict[str, Any], items: Sequence, scores: dict, out_dir: Path) -> list[Path]:
-    import matplotlib
+    from fastscore.study.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     reference = summary["reference"]["variant"]
     labels = list(summary["variants"])

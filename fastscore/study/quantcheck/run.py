@@ -21,32 +21,19 @@ from tqdm import tqdm
 from fastscore.errors import DataError, UnknownQuantError, UnsupportedError
 from fastscore.study.quantcheck.stats import kl_rows
 from fastscore.records import CandidateSet, ScoreRequest, TokenRequest
+from fastscore.study.envs import ENVS
+from fastscore.variants import REFERENCE, VARIANTS, Variant, get
 
 log = logging.getLogger(__name__)
 
-LLAMACPP_TYPES = ("f32", "f16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0", "q4_1")
-ONNX_TYPES = ("fp32", "int8")
 KL_CHUNK = 4  # requests per logprob_rows call: each holds [n_scored, n_vocab] float64 rows
 
 
-@dataclass(frozen=True)
-class Variant:
-    backend: str
-    quant: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.backend}:{self.quant}"
-
-
-REFERENCE = Variant("reference", "fp32")
-DEFAULT_VARIANTS = tuple(Variant("llamacpp", q) for q in LLAMACPP_TYPES) + tuple(Variant("onnx", q) for q in ONNX_TYPES)
+DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v.in_quant_check)
 
 
 def parse_variants(text: str) -> tuple[Variant, ...]:
     """'llamacpp:q8_0,onnx:int8,q4_0' -> variants; a bare type names its only backend; the reference is implied."""
-    from fastscore.resolve import QUANTS, validate
-
     out = []
     for part in (p.strip() for p in text.split(",")):
         if not part:
@@ -56,13 +43,12 @@ def parse_variants(text: str) -> tuple[Variant, ...]:
         elif part == "reference":
             backend, quant = REFERENCE.backend, REFERENCE.quant
         else:
-            owners = [b for b, qs in QUANTS.items() if part in qs and b != "reference"]
+            owners = [v.backend for v in VARIANTS if v.quant == part and v != REFERENCE]
             if len(owners) != 1:
                 raise UnknownQuantError(f"variant {part!r} is ambiguous or unknown; write backend:quant "
                                         f"(e.g. llamacpp:q8_0, onnx:fp32)")
             backend, quant = owners[0], part
-        validate(backend, quant)
-        variant = Variant(backend, quant)
+        variant = get(backend, quant)
         if variant != REFERENCE and variant not in out:
             out.append(variant)
     if not out:
@@ -79,16 +65,16 @@ class QuantItem:
 
 
 def build_quant_items(data_dir: Path, envs: Sequence[str], limit: int, seed: int) -> list[QuantItem]:
-    from fastscore.study.conditions import env_module, render_conditions
+    from fastscore.study.conditions import render_conditions
+    from fastscore.study.envs import items_for_envs, open_envs
 
+    opened = open_envs(envs, Path(data_dir))
     items = []
-    for env in envs:
-        module = env_module(env)
-        built, _ = module.build_items(Path(data_dir), limit, seed)
-        for item in built:
-            before, after = render_conditions(item, module, ("before", "after"))
-            items.append(QuantItem(env, item.item_id, ScoreRequest(before.request_id, before.messages, item.failed_action),
-                                   after.candidate_set(item.candidates)))
+    for item in items_for_envs(opened, limit, seed)[0]:
+        before, after = render_conditions(item, opened[item.env], ("before", "after"))
+        items.append(QuantItem(item.env, item.item_id, ScoreRequest(before.request_id, before.messages,
+                                                                    item.failed_action),
+                               after.candidate_set(item.candidates)))
     if not items:
         raise DataError(f"no study items built from {data_dir} for {', '.join(envs)}")
     return items
@@ -172,12 +158,13 @@ def _kl_per_item(backend, requests: Sequence[TokenRequest], ref_rows: ReferenceR
 
 
 def score_variant(variant: Variant, items: Sequence[QuantItem], model: str, threads: int | None,
-                  ref_rows: ReferenceRows, ref_tokens: list[TokenRequest] | None) -> tuple[VariantScores, list[TokenRequest]]:
+                  ref_rows: ReferenceRows, ref_tokens: list[TokenRequest] | None, progress: bool = False
+                  ) -> tuple[VariantScores, list[TokenRequest]]:
     """Score every item under `variant`; fill `ref_rows` (the reference) or compare against it (a variant)."""
     from fastscore.session import open_scorer
 
     is_reference = variant == REFERENCE
-    with open_scorer(model, variant.backend, variant.quant, n_threads=threads, progress=True) as scorer:
+    with open_scorer(model, variant.backend, variant.quant, n_threads=threads, progress=progress) as scorer:
         before = scorer.score([item.before for item in items])
         after = scorer.score_candidates([item.after for item in items])
         action = [ScoreRequest(item.after.id, item.after.messages, item.after.candidates[0]) for item in items]
@@ -210,13 +197,14 @@ class QuantCheckConfig:
     model: str
     out_dir: Path
     data_dir: Path
-    envs: tuple[str, ...] = ("tools", "mbpp")
+    envs: tuple[str, ...] = ENVS
     limit: int = 20
     variants: tuple[Variant, ...] = DEFAULT_VARIANTS
     seed: int = 0
     threads: int | None = None
     n_boot: int = 2000
     command: str = ""
+    progress: bool = False
 
 
 def run_quant_check(config: QuantCheckConfig) -> dict:
@@ -240,9 +228,10 @@ def _run_locked(config: QuantCheckConfig, items: Sequence[QuantItem], out_dir: P
     scores: dict[str, VariantScores] = {}
     try:
         ref_tokens = None
-        for variant in tqdm((REFERENCE, *config.variants), desc="quant-check variants", unit="variant", disable=None):
+        for variant in tqdm((REFERENCE, *config.variants), desc="quant-check variants", unit="variant",
+                            disable=not config.progress):
             scores[variant.label], tokens = score_variant(variant, items, config.model, config.threads, ref_rows,
-                                                          ref_tokens)
+                                                          ref_tokens, config.progress)
             if variant == REFERENCE:
                 ref_tokens = tokens
     finally:

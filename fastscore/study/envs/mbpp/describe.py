@@ -10,12 +10,10 @@ description is roughly as long as the failed program plus its error message.
 from __future__ import annotations
 
 import ast
-import logging
 import warnings
 
 from fastscore.study.envs.mbpp.sandbox import RunOutcome
 
-log = logging.getLogger(__name__)
 
 _EXCEPTION_GLOSSES = {
     "TypeError": "an operation was applied to a value of the wrong type",

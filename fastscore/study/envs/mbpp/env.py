@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from fastscore.errors import DataError
 from fastscore.study.datafile import read_json_objects
+from fastscore.study.envs.base import Outcome, Records, StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.envs.mbpp.describe import describe_failure
 from fastscore.study.envs.mbpp.mutations import Mutant, seeded_mutants
@@ -51,7 +52,6 @@ AFTER_PREFIX = "Running the tests failed:\n"
 SUCCESS_MESSAGE = "All tests passed."
 NEUTRAL_MESSAGE = "Program received."
 DONT_REPEAT_INSTRUCTION = "Do not repeat the failed program."
-RECORD_KINDS = ("after", "success", "neutral", "description", "dont_repeat")
 
 _FENCED = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
 _REQUIRED_KEYS = {"text": str, "code": str, "task_id": int, "test_list": list}
@@ -176,27 +176,25 @@ def _build_item(source: MbppSource, seed: int) -> Item | Skipped:
             reason = "the reference has no mutation site (no operator, comparison, integer, index or return value)"
         return Skipped(ENV, str(source.task_id), reason)
     (mutant, outcome), extras = failing[0], failing[1:]
-    failed_action = format_program(mutant.text)
+    mutation = {"kind": mutant.kind, "start": mutant.start, "end": mutant.end, "original": mutant.original,
+                "replacement": mutant.replacement}
+    return _item(source, f"{ENV}-{source.task_id}", mutant.text, outcome, mutant.kind, extras, {"mutation": mutation})
+
+
+def _item(source: MbppSource, item_id: str, program: str, outcome: RunOutcome, kind: str,
+          extras: list[tuple[Mutant, RunOutcome]], meta: dict) -> Item:
+    """The item whose failed action is `program` (failing with `outcome`); the candidate set is it, the reference
+    and the extra failing mutants."""
+    failed_action = format_program(program)
+    reference = format_program(source.reference)
     return Item(
-        env=ENV,
-        item_id=f"{ENV}-{source.task_id}",
-        source_id=str(source.task_id),
-        system=SYSTEM_PROMPT,
-        task=_task_text(source),
-        failed_action=failed_action,
-        error_message=outcome.message,
-        failure_kind=mutant.kind,
-        correct_actions=(format_program(reference),),
-        candidates=(failed_action, format_program(reference), *(format_program(m.text) for m, _ in extras)),
-        description=_description(mutant.text, outcome, source),
-        meta={
-            "status": outcome.status,
-            "failing_test": outcome.failing_test,
-            "mutation": {"kind": mutant.kind, "start": mutant.start, "end": mutant.end,
-                         "original": mutant.original, "replacement": mutant.replacement},
-            "candidate_statuses": [outcome.status, "passed", *(o.status for _, o in extras)],
-        },
-    )  # fmt: skip
+        env=ENV, item_id=item_id, source_id=str(source.task_id), system=SYSTEM_PROMPT, task=_task_text(source),
+        failed_action=failed_action, error_message=outcome.message, failure_kind=kind, correct_actions=(reference,),
+        candidates=(failed_action, reference, *(format_program(m.text) for m, _ in extras)),
+        description=_description(program, outcome, source),
+        meta={"status": outcome.status, "failing_test": outcome.failing_test, **meta,
+              "candidate_statuses": [outcome.status, "passed", *(o.status for _, o in extras)]},
+    )
 
 
 def _in_order(fn: Callable[[T], R], inputs: Iterable[T], workers: int) -> Iterator[R]:
@@ -219,15 +217,16 @@ def _in_order(fn: Callable[[T], R], inputs: Iterable[T], workers: int) -> Iterat
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def build_items(data_dir: Path, limit: int, seed: int) -> tuple[list[Item], list[Skipped]]:
+def build_items(data_dir: Path, limit: int, seed: int, sources: list[MbppSource] | None = None,
+                progress: bool = False) -> tuple[list[Item], list[Skipped]]:
     """The first `limit` usable tasks in a seeded shuffled order, as items; the tasks passed over, with reasons."""
-    sources = sorted(load_sources(data_dir), key=lambda s: s.task_id)
+    sources = sorted(load_sources(data_dir) if sources is None else sources, key=lambda s: s.task_id)
     random.Random(f"{seed}:mbpp-order").shuffle(sources)
     items: list[Item] = []
     skipped: list[Skipped] = []
     if limit <= 0:
         return items, skipped
-    with tqdm(total=limit, desc="mbpp items", unit="item", leave=False) as bar:
+    with tqdm(total=limit, desc="mbpp items", unit="item", leave=False, disable=not progress) as bar:
         for result in _in_order(lambda s: _build_item(s, seed), sources, WORKERS):
             if isinstance(result, Skipped):
                 skipped.append(result)
@@ -256,44 +255,38 @@ def item_from_failure(source: MbppSource, action: str, outcome: RunOutcome, seed
     program = extract_program(action)
     if outcome.passed or program == source.reference:
         raise ValueError(f"mbpp task {source.task_id}: the program passed; only failures become items")
-    failed_action = format_program(program)
-    reference = format_program(source.reference)
     rng = random.Random(f"{seed}:{source.task_id}")
     extras = _failing_mutants(source, rng, EXTRA_MUTANTS, exclude={program, source.reference})
     digest = hashlib.sha1(program.encode("utf-8")).hexdigest()[:8]
-    return Item(
-        env=ENV,
-        item_id=f"{ENV}-{source.task_id}-model-{digest}",
-        source_id=str(source.task_id),
-        system=SYSTEM_PROMPT,
-        task=_task_text(source),
-        failed_action=failed_action,
-        error_message=outcome.message,
-        failure_kind="model",
-        correct_actions=(reference,),
-        candidates=(failed_action, reference, *(format_program(m.text) for m, _ in extras)),
-        description=_description(program, outcome, source),
-        meta={"status": outcome.status, "failing_test": outcome.failing_test, "raw_action": action,
-              "candidate_statuses": [outcome.status, "passed", *(o.status for _, o in extras)]},
-    )  # fmt: skip
+    return _item(source, f"{ENV}-{source.task_id}-model-{digest}", program, outcome, "model", extras,
+                 {"raw_action": action})
 
 
-def context_messages(item: Item) -> list[dict]:
-    return [{"role": "system", "content": item.system}, {"role": "user", "content": item.task}]
+class MbppEnv(StudyEnv):
+    name = ENV
+    max_new_tokens = 256  # room for a function body and its fences
+    records = Records(role="user", failure_prefix=AFTER_PREFIX, neutral=NEUTRAL_MESSAGE,
+                      dont_repeat=DONT_REPEAT_INSTRUCTION, dont_repeat_separator="\n\n")
 
+    def load_sources(self) -> list[MbppSource]:
+        return load_sources(self.data_dir)
 
-def record_messages(item: Item, kind: str) -> list[dict]:
-    """The chat messages that follow the context under record kind `kind` (see RECORD_KINDS)."""
-    attempt = {"role": "assistant", "content": item.failed_action}
-    failure = AFTER_PREFIX + item.error_message
-    if kind == "after":
-        return [attempt, {"role": "user", "content": failure}]
-    if kind == "success":
-        return [attempt, {"role": "user", "content": SUCCESS_MESSAGE}]
-    if kind == "neutral":
-        return [attempt, {"role": "user", "content": NEUTRAL_MESSAGE}]
-    if kind == "description":
-        return [{"role": "user", "content": item.description}]
-    if kind == "dont_repeat":
-        return [attempt, {"role": "user", "content": f"{failure}\n\n{DONT_REPEAT_INSTRUCTION}"}]
-    raise ValueError(f"unknown record kind {kind!r} (expected one of {', '.join(RECORD_KINDS)})")
+    def source_id(self, source: MbppSource) -> str:
+        return str(source.task_id)
+
+    def build_items(self, limit: int, seed: int) -> tuple[list[Item], list[Skipped]]:
+        return build_items(self.data_dir, limit, seed, sources=list(self.sources().values()), progress=self.progress)
+
+    def judge(self, source: MbppSource, text: str) -> Outcome:
+        run = evaluate(source, text)
+        return Outcome(ok=bool(run.passed), message=run.message, kind=run.status, native=run)
+
+    def failure_item(self, source: MbppSource, text: str, outcome: Outcome, seed: int) -> Item:
+        return item_from_failure(source, text, outcome.native, seed)
+
+    def success_message(self, item: Item) -> str:
+        return SUCCESS_MESSAGE
+
+    def same_action(self, text: str, failed_action: str) -> bool:
+        """Programs compare as the extracted program in its canonical fenced form."""
+        return format_program(extract_program(text)) == failed_action

@@ -10,13 +10,11 @@ from __future__ import annotations
 import ast
 import bisect
 import io
-import logging
 import random
 import tokenize
 import warnings
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
 
 KINDS = ("operator_swap", "comparison_flip", "off_by_one", "return_value")
 

@@ -9,13 +9,11 @@ dropping spaces and ,./-_*^ and case; numbers compare by value (an int matches a
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any
 
 from fastscore.study.envs.tools.runtime import Call, ToolOutcome
 
-log = logging.getLogger(__name__)
 
 _STRING_NOISE = re.compile(r"[ ,./\-_*^]")
 

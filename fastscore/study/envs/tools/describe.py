@@ -8,12 +8,10 @@ what the parameter means, what the function accepts) until it is roughly as long
 
 from __future__ import annotations
 
-import logging
 import re
 
 from fastscore.study.envs.tools.runtime import Call, ToolOutcome, type_label
 
-log = logging.getLogger(__name__)
 
 _ERROR_CLASS = re.compile(r"^([A-Za-z]+Error):")
 

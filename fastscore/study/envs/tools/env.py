@@ -19,6 +19,7 @@ from typing import Any
 
 from fastscore.errors import DataError
 from fastscore.study.datafile import read_json_objects
+from fastscore.study.envs.base import Outcome, Records, StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.envs.tools.answers import GroundTruthError, canonical_call, match_answer
 from fastscore.study.envs.tools.describe import describe_failure
@@ -33,12 +34,11 @@ ENV = "tools"
 DATASETS = ("BFCL_v4_simple_python", "BFCL_v4_multiple")
 N_CANDIDATES = 4
 
-# How the record after the failed call is shown, per condition (see record_messages).
+# How the record after the failed call is shown, per condition (ToolsEnv.records).
 RECORD_ROLE = "tool"
 SUCCESS_TEMPLATE = 'OK: {function} returned {{"status": "success"}}'
 NEUTRAL_MESSAGE = "Call received."
 DONT_REPEAT_INSTRUCTION = "Do not repeat the failed call."
-RECORD_KINDS = ("after", "success", "neutral", "description", "dont_repeat")
 
 SYSTEM_PREAMBLE = (
     "You are a function-calling assistant. Answer the user's request by calling one of these tools, "
@@ -160,11 +160,6 @@ def system_prompt(source: ToolSource) -> str:
     return f"{SYSTEM_PREAMBLE}\n{tools}\n\n{CALL_FORMAT_INSTRUCTIONS}"
 
 
-def source_messages(source: ToolSource) -> list[dict]:
-    """The (system, user) context of a record, e.g. to sample a model's own first attempt (on-policy failures)."""
-    return [{"role": "system", "content": system_prompt(source)}, {"role": "user", "content": source.question}]
-
-
 def _description(outcome: ToolOutcome, action: str, call: Call | None, runtime: ToolRuntime) -> str:
     target = len(action) + len(outcome.error)
     text = describe_failure(outcome, call, runtime.functions, target)
@@ -202,9 +197,10 @@ def _seeded_item(source: ToolSource, seed: int) -> Item:
                  description, {"seed": seed, "failures": "seeded"})
 
 
-def usable_sources(data_dir: Path, limit: int | None, seed: int) -> tuple[list[tuple[ToolSource, Item]], list[Skipped]]:
+def usable_sources(sources: list[ToolSource], limit: int | None, seed: int
+                   ) -> tuple[list[tuple[ToolSource, Item]], list[Skipped]]:
     """The first `limit` usable records in the seed's shuffled order, each with its seeded item; skips examined."""
-    order = load_sources(data_dir)
+    order = list(sources)
     random.Random(f"{seed}:order").shuffle(order)
     chosen: list[tuple[ToolSource, Item]] = []
     skipped: list[Skipped] = []
@@ -219,9 +215,10 @@ def usable_sources(data_dir: Path, limit: int | None, seed: int) -> tuple[list[t
     return chosen, skipped
 
 
-def build_items(data_dir: Path, limit: int | None, seed: int) -> tuple[list[Item], list[Skipped]]:
+def build_items(data_dir: Path, limit: int | None, seed: int, sources: list[ToolSource] | None = None
+                ) -> tuple[list[Item], list[Skipped]]:
     """Deterministic seeded items: same seed, same items. Skipped lists the unusable records met on the way."""
-    chosen, skipped = usable_sources(data_dir, limit, seed)
+    chosen, skipped = usable_sources(load_sources(data_dir) if sources is None else sources, limit, seed)
     return [item for _, item in chosen], skipped
 
 
@@ -261,10 +258,6 @@ def item_from_failure(source: ToolSource, action: str, outcome: ToolOutcome, see
                  description, {"seed": seed, "failures": "model"})
 
 
-def context_messages(item: Item) -> list[dict]:
-    return [{"role": "system", "content": item.system}, {"role": "user", "content": item.task}]
-
-
 def _called_function(item: Item) -> str:
     try:
         return parse_call(item.failed_action).name
@@ -272,17 +265,27 @@ def _called_function(item: Item) -> str:
         return parse_call(item.correct_actions[0]).name
 
 
-def record_messages(item: Item, kind: str) -> list[dict]:
-    """The messages that follow the (system, user) context under one record condition (see RECORD_KINDS)."""
-    attempt = {"role": "assistant", "content": item.failed_action}
-    if kind == "after":
-        return [attempt, {"role": RECORD_ROLE, "content": item.error_message}]
-    if kind == "success":
-        return [attempt, {"role": RECORD_ROLE, "content": SUCCESS_TEMPLATE.format(function=_called_function(item))}]
-    if kind == "neutral":
-        return [attempt, {"role": RECORD_ROLE, "content": NEUTRAL_MESSAGE}]
-    if kind == "description":
-        return [{"role": RECORD_ROLE, "content": item.description}]
-    if kind == "dont_repeat":
-        return [attempt, {"role": RECORD_ROLE, "content": f"{item.error_message}\n{DONT_REPEAT_INSTRUCTION}"}]
-    raise ValueError(f"unknown record kind {kind!r}; expected one of {RECORD_KINDS}")
+class ToolsEnv(StudyEnv):
+    name = ENV
+    max_new_tokens = 96  # a tool call is one short line
+    records = Records(role=RECORD_ROLE, failure_prefix="", neutral=NEUTRAL_MESSAGE,
+                      dont_repeat=DONT_REPEAT_INSTRUCTION, dont_repeat_separator="\n")
+
+    def load_sources(self) -> list[ToolSource]:
+        return load_sources(self.data_dir)
+
+    def source_id(self, source: ToolSource) -> str:
+        return source.source_id
+
+    def build_items(self, limit: int, seed: int) -> tuple[list[Item], list[Skipped]]:
+        return build_items(self.data_dir, limit, seed, sources=list(self.sources().values()))
+
+    def judge(self, source: ToolSource, text: str) -> Outcome:
+        outcome = evaluate(source, text)
+        return Outcome(ok=outcome.ok, message=outcome.error, kind=outcome.kind, native=outcome)
+
+    def failure_item(self, source: ToolSource, text: str, outcome: Outcome, seed: int) -> Item:
+        return item_from_failure(source, text, outcome.native, seed)
+
+    def success_message(self, item: Item) -> str:
+        return SUCCESS_TEMPLATE.format(function=_called_function(item))

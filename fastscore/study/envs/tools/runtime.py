@@ -20,23 +20,15 @@ from __future__ import annotations
 
 import ast
 import json
-import logging
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger(__name__)
 
 CALL_FORMAT = "func_name(param=value, ...)"
 CALL_FORMAT_INSTRUCTIONS = (
     f"Respond with exactly one call in the form {CALL_FORMAT} on a single line: keyword arguments only, "
     "values written as Python literals (quoted strings, numbers, True/False, lists [...], dicts {...}), "
     "parameters in the order the schema lists them. Write nothing else."
-)
-
-# Runtime rejection kinds (ToolOutcome.kind); "ok" for an accepted call.
-REJECTION_KINDS = (
-    "syntax_error", "unknown_function", "positional_argument", "unexpected_parameter", "missing_required",
-    "wrong_type", "enum_violation", "name_error",
 )
 
 PY_TYPE_NAMES = {

@@ -1,0 +1,108 @@
+"""Typed backend options: one frozen, validated record per backend, reachable from open_scorer and the CLI.
+
+Importing this module imports no backend; `parse_options` turns the CLI's `key=value` pairs into the record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastscore.errors import RequestError, UnknownBackendError
+
+FLASH_ATTN_MODES = ("auto", "off", "on")
+KV_CACHE_TYPES = ("f32", "f16", "q8_0")
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    n_ctx: int = 4096
+    n_seq_max: int = 256
+    n_ubatch: int = 512
+    # Exact arithmetic by default: an f16 KV cache and CPU flash attention each move log-probs by ~0.015 nats,
+    # several times the f32 parity tolerance; "on"/"f16" are 10-20% faster and left to callers who opt in.
+    flash_attn: str = "off"
+    kv_type: str = "f32"
+    # Greedy decoding differs: every step's few tokens attend over the whole shared cache of all contexts, and
+    # only flash attention skips the masked cells (at 32 contexts, batched decoding was 1.07x one-at-a-time
+    # without it and 2.9x with it). Its ~0.03-nat deviations matter only at near-ties of the argmax.
+    decode_flash_attn: str = "on"
+    # Tokens of one scoring group (a KV cache filled from empty). Without flash attention every token attends
+    # over all cells of its group, so big groups waste attention and small ones recompute shared prefixes:
+    # 1536 measured fastest overall (f32 40.5 s -> 26.5 s, q4_0 36.1 s -> 23.0 s vs 4096 on the bench workload).
+    max_group_tokens: int = 1536
+
+    def __post_init__(self) -> None:
+        for name in ("flash_attn", "decode_flash_attn"):
+            if getattr(self, name) not in FLASH_ATTN_MODES:
+                raise RequestError(f"llamacpp option {name} must be one of {', '.join(FLASH_ATTN_MODES)}, "
+                                   f"not {getattr(self, name)!r}")
+        if self.kv_type not in KV_CACHE_TYPES:
+            raise RequestError(f"llamacpp option kv_type must be one of {', '.join(KV_CACHE_TYPES)}, "
+                               f"not {self.kv_type!r}")
+        if self.n_ctx < 16 or min(self.n_ubatch, self.n_seq_max, self.max_group_tokens) < 1:
+            raise RequestError("llamacpp options n_ubatch, n_seq_max and max_group_tokens must be positive and "
+                               f"n_ctx at least 16 (got {self})")
+
+
+@dataclass(frozen=True)
+class OnnxOptions:
+    # Upper bound on the logits and past/present key/values one continuation batch may hold.
+    max_batch_bytes: int = 1 << 29
+    # Long prefixes run in pieces of this many tokens (attention scores grow with the square of a piece).
+    prefix_chunk: int = 1024
+    # Off: every request runs whole on its own (the no-sharing baseline for benchmarks).
+    share_prefixes: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_batch_bytes < 1 or self.prefix_chunk < 1:
+            raise RequestError(f"onnx options max_batch_bytes and prefix_chunk must be positive (got {self})")
+
+
+@dataclass(frozen=True)
+class ReferenceOptions:
+    """The reference is deliberately plain: nothing to tune."""
+
+
+OPTIONS: dict[str, type] = {"llamacpp": LlamaCppOptions, "onnx": OnnxOptions, "reference": ReferenceOptions}
+
+
+def options_for(backend: str, fields: Mapping[str, Any] | None = None):
+    """The backend's options record with `fields` set; a field the backend lacks is a RequestError naming the
+    valid ones."""
+    if backend not in OPTIONS:
+        raise UnknownBackendError(f"unknown backend {backend!r}; known: {', '.join(OPTIONS)}")
+    cls = OPTIONS[backend]
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(fields or {}) - set(names))
+    if unknown:
+        raise RequestError(f"backend {backend!r} has no option {', '.join(unknown)}; "
+                           f"its options: {', '.join(names) or 'none'}")
+    return cls(**(fields or {}))
+
+
+def parse_options(backend: str, pairs: Sequence[str]):
+    """`key=value` strings (the CLI's --backend-option) -> the backend's options record, values typed by field."""
+    fields: dict[str, Any] = {}
+    types = {f.name: f.default for f in dataclasses.fields(OPTIONS.get(backend, ReferenceOptions))}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise RequestError(f"backend option {pair!r} is not key=value")
+        default = types.get(key)
+        try:
+            if isinstance(default, bool):
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise ValueError(text)
+                fields[key] = text.lower() in ("true", "1", "yes", "on")
+            elif isinstance(default, int):
+                fields[key] = int(text)
+            else:
+                fields[key] = text
+        except ValueError:
+            raise RequestError(f"backend option {key}={text!r}: expected a value of type {type(default).__name__}"
+                               ) from None
+    return options_for(backend, fields)

@@ -1,0 +1,97 @@
+"""On-policy failures: items whose failed action is the model's own greedy attempt from the `before` context."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+from tqdm import tqdm
+
+from fastscore.records import GreedyRequest, GreedyResult
+from fastscore.study.conditions import condition_request_id
+from fastscore.study.envs.base import StudyEnv
+from fastscore.study.isolate import call_isolating, error_reason
+from fastscore.study.items import Item, Skipped
+
+# Attempts per decoder call: as many contexts side by side as the greedy stage decodes per call, four times over.
+ATTEMPTS_PER_CALL = 16
+
+
+def attempt_record(result: GreedyResult) -> dict[str, Any]:
+    return {"text": result.text, "token_ids": list(result.token_ids), "stopped_by": result.stopped_by}
+
+
+def own_attempt(item: Item) -> GreedyResult | None:
+    """The greedy attempt an on-policy item was built from, as the `before` condition's completion.
+
+    Its context is exactly `before`, so decoding it again must give the same text, except that quantised llama.cpp
+    arithmetic depends on what else shares the batch (the second decode differed from the first on real items).
+    """
+    attempt = item.meta.get("attempt") if item.failure_kind == "model" else None
+    if attempt is None:
+        return None
+    return GreedyResult(id=condition_request_id(item.item_id, "before"), text=attempt["text"],
+                        token_ids=tuple(attempt["token_ids"]), stopped_by=attempt["stopped_by"])
+
+
+class ModelFailureBuilder:
+    """Items whose failed action is the model's own greedy attempt from the `before` context.
+
+    The environment's seeded items give the sources in its seeded order (and their contexts); each source's attempt
+    is evaluated, failing ones become items via env.item_from_failure, passing ones are skipped with a reason.
+    """
+
+    def __init__(self, env: StudyEnv, scorer, seed: int, max_new_tokens: int) -> None:
+        self.name, self.env, self.scorer = env.name, env, scorer
+        self.seed, self.max_new_tokens = seed, max_new_tokens
+
+    def build(self, limit: int, progress: bool = False) -> tuple[list[Item], list[Skipped]]:
+        items: list[Item] = []
+        skipped: list[Skipped] = []
+        examined = 0
+        pool_size = limit + max(2, math.ceil(0.25 * limit))  # a small model fails nearly always
+        with tqdm(total=limit, desc=f"{self.name}: model's own failures", unit="item", disable=not progress) as bar:
+            while len(items) < limit:
+                pool, pool_skipped = self.env.build_items(pool_size, self.seed)
+                if examined >= len(pool):
+                    break  # every usable source was tried
+                while examined < len(pool) and len(items) < limit:
+                    # No more attempts than could still be needed: each one is a full greedy decode.
+                    chunk = pool[examined : examined + min(ATTEMPTS_PER_CALL, limit - len(items))]
+                    examined += len(chunk)
+                    for made in self._attempts(chunk, skipped):
+                        if made is not None:
+                            items.append(made)
+                            bar.update(1)
+                seen_skips = {(s.source_id, s.reason) for s in skipped}
+                skipped += [s for s in pool_skipped if (s.source_id, s.reason) not in seen_skips]
+                pool_size += 2 * (limit - len(items)) + 2
+        return items, skipped
+
+    def _attempts(self, seeded: Sequence[Item], skipped: list[Skipped]) -> Iterator[Item | None]:
+        requests = {item.item_id: [GreedyRequest(item.item_id, self.env.context_messages(item))]
+                    for item in seeded}
+        decode = lambda reqs: self.scorer.greedy(reqs, max_new_tokens=self.max_new_tokens)  # noqa: E731
+        results, failed = call_isolating(decode, requests, lambda r: r.id)
+        for item in seeded:
+            if item.item_id in failed:
+                skipped.append(Skipped(self.name, item.source_id, error_reason(failed[item.item_id])))
+                yield None
+                continue
+            text = results[item.item_id][0].text
+            outcome = self.env.evaluate(item.source_id, text)
+            if not text.strip():
+                skipped.append(Skipped(self.name, item.source_id, "the model's attempt was empty"))
+                yield None
+            elif outcome.ok:
+                skipped.append(Skipped(self.name, item.source_id, "the model's own attempt succeeded"))
+                yield None
+            else:
+                try:
+                    made = self.env.item_from_failure(item.source_id, text, outcome, self.seed)
+                    yield replace(made, meta={**made.meta, "attempt": attempt_record(results[item.item_id][0])})
+                except ValueError as exc:
+                    skipped.append(Skipped(self.name, item.source_id, f"no item from the model's attempt: {exc}"))
+                    yield None

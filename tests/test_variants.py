@@ -1,0 +1,59 @@
+"""The one variant table and the typed backend options: what every reader of them relies on (no model needed)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from fastscore import variants
+from fastscore.backends import BACKENDS
+from fastscore.backends.options import LlamaCppOptions, OnnxOptions, options_for, parse_options
+from fastscore.cli import main
+from fastscore.errors import RequestError, UnknownBackendError, UnknownQuantError
+from fastscore.session import default_quant
+
+
+def test_every_backend_has_variants_and_a_full_precision_default():
+    assert set(variants.backends()) == set(BACKENDS)
+    for backend in variants.backends():
+        assert variants.FULL_PRECISION[backend] in variants.quants(backend)
+    assert variants.get("llamacpp", "q4_1").folder == "gguf-q4_1"
+    assert variants.variant_name("onnx", "int8") == "onnx-int8" and variants.REFERENCE.folder == "hf-fp32"
+    with pytest.raises(UnknownQuantError, match="Valid: fp32, int8"):
+        variants.get("onnx", "q4_1")
+    with pytest.raises(UnknownBackendError, match="Did you mean"):
+        variants.get("llamacp", "f32")
+
+
+def test_gguf_rows_carry_what_conversion_and_checks_read():
+    gguf = [v for v in variants.VARIANTS if v.backend == "llamacpp"]
+    assert all(v.llama_ftype == f"LLAMA_FTYPE_{v.file_type}" and v.main_ggml_type for v in gguf)
+    assert [v.quant for v in gguf if v.from_converter] == ["f32", "f16"]
+    assert variants.check_of("fp32") == variants.get("onnx", "fp32").check == variants.REFERENCE.check
+
+
+def test_default_quant_follows_the_backend():
+    assert default_quant("smollm2-135m-instruct", "llamacpp") == "q4_1"  # the shipped file
+    assert default_quant("smollm2-135m-instruct", "onnx") == "fp32"
+    assert default_quant("smollm2-135m-instruct", "reference") == "fp32"
+
+
+def test_cli_help_lists_exactly_the_table():
+    out = CliRunner().invoke(main, ["convert", "--help"]).output
+    assert variants.help_list("llamacpp") in out.replace("\n", "").replace(" ", "")
+
+
+def test_backend_options_are_typed_and_checked():
+    assert options_for("llamacpp", {"n_ctx": 512}) == LlamaCppOptions(n_ctx=512)
+    assert parse_options("onnx", ["share_prefixes=false", "prefix-chunk=64"]) == OnnxOptions(
+        prefix_chunk=64, share_prefixes=False)
+    assert parse_options("llamacpp", ["kv_type=f16", "max_group_tokens=2048"]) == LlamaCppOptions(
+        kv_type="f16", max_group_tokens=2048)
+    with pytest.raises(RequestError, match="has no option nctx"):
+        parse_options("llamacpp", ["nctx=512"])
+    with pytest.raises(RequestError, match="of type int"):
+        parse_options("llamacpp", ["n_ctx=big"])
+    with pytest.raises(RequestError, match="kv_type"):
+        LlamaCppOptions(kv_type="f8")
+    with pytest.raises(RequestError):
+        parse_options("reference", ["threads=2"])
