@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fastscore.backends.llamacpp import LlamaCppBackend
+from fastscore.backends.options import LlamaCppOptions
 from fastscore.outputs import partial_path
 from fastscore.records import TokenRequest
 
@@ -21,8 +22,8 @@ pytest.importorskip("llama_cpp")
 
 
 def test_sigint_aborts_a_long_decode_promptly(smollm_artefact):
-    backend = LlamaCppBackend(smollm_artefact("llamacpp", "q4_1").path, n_threads=1, n_ctx=4096,
-                              max_group_tokens=4096, progress=False)
+    backend = LlamaCppBackend(smollm_artefact("llamacpp", "q4_1").path, n_threads=1,
+                              options=LlamaCppOptions(n_ctx=4096, max_group_tokens=4096))
     try:
         # One group of 2500 tokens: a single llama_decode of tens of seconds on one thread (measured: 4000 tokens
         # took 165 s on a loaded machine, and SIGINT took effect 115 s late before the abort callback).
