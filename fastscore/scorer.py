@@ -220,13 +220,13 @@ class Scorer:
     def _result(self, item: PreparedRequest, token_scores) -> ScoreResult:
         tr = item.token_request
         logprobs = np.asarray(token_scores.logprobs, dtype=np.float64)
-        if logprobs.shape == (tr.n_scored,) and not np.all(np.isfinite(logprobs)):
-            raise self._damaged(f"request {item.request.id!r} got non-finite log-probs")
-        if logprobs.shape != (tr.n_scored,) or not np.all(np.isfinite(logprobs)):
+        if logprobs.shape != (tr.n_scored,):
             raise BackendError(
                 f"request {item.request.id!r}: backend {self.backend.name!r} returned invalid log-probs "
-                f"(shape {logprobs.shape}, expected ({tr.n_scored},); finite: {bool(np.all(np.isfinite(logprobs)))})"
+                f"(shape {logprobs.shape}, expected ({tr.n_scored},))"
             )
+        if not np.all(np.isfinite(logprobs)):
+            raise self._damaged(f"request {item.request.id!r} got non-finite log-probs")
         return ScoreResult(
             request_id=item.request.id,
             continuation=item.request.continuation,
