@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fastscore.study.conditions import CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES, SAME_AS_REFERENCE
-from fastscore.study.envs.mbpp.isolation import NOT_ISOLATED_NOTE
+from fastscore.study.envs import env_class
 from fastscore.study.items import Skipped
 from fastscore.study.plots import PLOT_FILES, PLOT_TITLES
 
@@ -284,7 +284,8 @@ def report_meta(config, weights: str, skipped: Sequence[Skipped], errors: Sequen
         "command": shlex.join(["fastscore", *sys.argv[1:]]) + (" (resumed)" if resumed else ""),
         "stage_seconds": {k: round(v, 1) for k, v in stage_seconds.items()},
         "skipped": skipped_counts(skipped, errors),
-        "sandbox_note": NOT_ISOLATED_NOTE if "mbpp" in config.envs and config.sandbox == "rlimits" else None,
+        "sandbox_note": next((note for name in config.envs
+                              if (note := env_class(name).isolation_note(config.sandbox))), None),
     }
 
 

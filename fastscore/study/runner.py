@@ -165,17 +165,10 @@ def run_study(
     stored (a hook for progress reporting and for tests that interrupt a run)."""
     started = time.perf_counter()
     check_config(config)
-    with OutDirLock(Path(config.out_dir)), _mbpp_sandbox(config):
+    with OutDirLock(Path(config.out_dir)), contextlib.ExitStack() as isolated:
+        for name in config.envs:  # before any model loads: a missing sandbox stops the run here
+            isolated.enter_context(env_class(name).isolation(config.sandbox))
         return _run_locked(config, started, progress, after_item)
-
-
-def _mbpp_sandbox(config: StudyConfig) -> contextlib.AbstractContextManager:
-    """MBPP programs run under config.sandbox; SandboxUnavailableError before any model loads if it cannot."""
-    if "mbpp" not in config.envs:
-        return contextlib.nullcontext()
-    from fastscore.study.envs.mbpp.sandbox import use_isolation
-
-    return use_isolation(config.sandbox)
 
 
 def _run_locked(config: StudyConfig, started: float, progress: bool,

@@ -10,6 +10,7 @@ internals.
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -82,6 +83,17 @@ class StudyEnv(abc.ABC):
         """Does a completion reproduce the failed action? Text equality up to surrounding whitespace, as the
         decoder's ban compares."""
         return text.strip() == failed_action.strip()
+
+    @classmethod
+    def isolation(cls, mode: str) -> contextlib.AbstractContextManager:
+        """The context in which this environment runs model-written code under isolation `mode`; an environment
+        that runs none needs nothing (it raises before any model loads if the mode cannot be had)."""
+        return contextlib.nullcontext()
+
+    @classmethod
+    def isolation_note(cls, mode: str) -> str | None:
+        """What a report must say when `mode` leaves this environment's verdicts without isolation."""
+        return None
 
     # --- provided on top ---
 

@@ -29,7 +29,8 @@ from fastscore.study.envs.base import Outcome, Records, StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.envs.mbpp.describe import describe_failure
 from fastscore.study.envs.mbpp.mutations import Mutant, seeded_mutants
-from fastscore.study.envs.mbpp.sandbox import RunOutcome, SandboxLimits, run_program
+from fastscore.study.envs.mbpp.isolation import NOT_ISOLATED_NOTE
+from fastscore.study.envs.mbpp.sandbox import RunOutcome, SandboxLimits, run_program, use_isolation
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +268,14 @@ class MbppEnv(StudyEnv):
     max_new_tokens = 256  # room for a function body and its fences
     records = Records(role="user", failure_prefix=AFTER_PREFIX, neutral=NEUTRAL_MESSAGE,
                       dont_repeat=DONT_REPEAT_INSTRUCTION, dont_repeat_separator="\n\n")
+
+    @classmethod
+    def isolation(cls, mode: str):
+        return use_isolation(mode)
+
+    @classmethod
+    def isolation_note(cls, mode: str) -> str | None:
+        return NOT_ISOLATED_NOTE if mode == "rlimits" else None
 
     def load_sources(self) -> list[MbppSource]:
         return load_sources(self.data_dir)
