@@ -107,14 +107,18 @@ def render(
     special_tokens: Mapping[str, str | None] | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
     request_id: object = None,
+    tools: Sequence[Any] = (),
 ) -> str:
-    """The template's text for `messages`; `special_tokens` gives bos_token, eos_token, ... as template variables."""
+    """The template's text for `messages`; `special_tokens` gives bos_token, eos_token, ... as template variables;
+    `tools` (JSON schemas) reach the template as transformers' `tools=` does."""
     jinja2 = require("jinja2", "tokenizer")
-    as_dicts = [m if isinstance(m, Mapping) else {"role": m.role, "content": m.content} for m in messages]
+    as_dicts = [m if isinstance(m, Mapping) else m.template_dict() for m in messages]
     variables = {**(template_kwargs or {}), **(special_tokens or {})}
     try:
+        # As transformers: no tools is `tools=None` (templates test `tools is not none`), never an empty list.
         return compile_template(template).render(
-            messages=as_dicts, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **variables
+            messages=as_dicts, tools=list(tools) or None, documents=None,
+            add_generation_prompt=add_generation_prompt, **variables
         )
     except jinja2.exceptions.TemplateError as exc:
         raise RequestError(f"the chat template rejected the conversation: {exc}", request_id=request_id) from exc
@@ -139,7 +143,7 @@ def render_literal(
         return render(template, messages, **render_kwargs), ()
     protected = []
     for message in messages:
-        as_dict = dict(message) if isinstance(message, Mapping) else {"role": message.role, "content": message.content}
+        as_dict = dict(message) if isinstance(message, Mapping) else message.template_dict()
         if isinstance(as_dict.get("content"), str):
             for marker, text in markers.items():  # longest texts first: <|im_end|> before a shorter prefix of it
                 as_dict["content"] = as_dict["content"].replace(text, marker)
@@ -166,6 +170,7 @@ def render_with_continuation(
     template_kwargs: Mapping[str, Any] | None = None,
     request_id: object = None,
     literal_texts: Sequence[str] = (),
+    tools: Sequence[Any] = (),
 ) -> RenderedConversation:
     """Render messages + the continuation as the assistant's reply once, and locate the continuation.
 
@@ -183,6 +188,7 @@ def render_with_continuation(
         special_tokens=special_tokens,
         template_kwargs=template_kwargs,
         request_id=request_id,
+        tools=tools,
     )
     count = text.count(placeholder)
     if count != 1:
@@ -196,6 +202,12 @@ def render_with_continuation(
     moved = tuple((a + shift, b + shift) if a >= start else (a, b) for a, b in spans)
     literal = tuple(sorted((*moved, (start, start + len(continuation)))))
     return RenderedConversation(full, start, start + len(continuation), literal)
+
+
+def raw_text(prompt: str, continuation: str) -> RenderedConversation:
+    """No template: the continuation right after the prompt, all of it user text (special-token text stays text)."""
+    text = prompt + continuation
+    return RenderedConversation(text, len(prompt), len(text), ((0, len(text)),) if text else ())
 
 
 def text_after_assistant_content(

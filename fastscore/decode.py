@@ -7,13 +7,16 @@ token is emitted or the token limit is hit, so at each step the ban blocks exact
 banned text:
 - the stop tokens, whenever the text decoded so far equals a banned string;
 - at the step that reaches the limit, also every token whose bytes appended to the text make it equal a banned string.
-Texts are compared as UTF-8 bytes after stripping surrounding ASCII whitespace. The probability mass the ban removed
+Texts are compared as UTF-8 bytes after stripping surrounding ASCII whitespace. With `ban_prefix`, a completion may
+not even START with a banned text (the banned call followed by anything): every token that would complete the banned
+text as a prefix is blocked at every step (`PrefixBan`). The probability mass the ban removed
 (softmax mass of the blocked tokens, summed over steps) and the number of steps at which it blocked anything are
 reported, so a caller can see how much the ban distorted the model's choice.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -82,6 +85,40 @@ class TextBan:
         return np.unique(np.concatenate(parts))
 
 
+class PrefixBan:
+    """Which token ids would make the text generated so far start with a banned text (after leading whitespace)."""
+
+    def __init__(self, token_bytes: Sequence[bytes], stop_ids: Iterable[int], n_vocab: int) -> None:
+        stops = set(int(i) for i in stop_ids)
+        pieces = [(token_bytes[i] if i < len(token_bytes) else b"", i) for i in range(n_vocab) if i not in stops]
+        # Sorted pieces: the tokens starting with some bytes are one contiguous run, found by bisection.
+        self._pieces = sorted((piece, i) for piece, i in pieces if piece)
+        self._leading = sorted((piece.lstrip(), i) for piece, i in pieces if piece.strip())
+
+    @staticmethod
+    def _starting_with(index: list[tuple[bytes, int]], prefix: bytes) -> list[int]:
+        out, k = [], bisect.bisect_left(index, (prefix, -1))
+        while k < len(index) and index[k][0].startswith(prefix):
+            out.append(index[k][1])
+            k += 1
+        return out
+
+    def blocked(self, text: bytes, banned: frozenset[bytes], final_step: bool) -> np.ndarray:
+        head = text.lstrip()
+        found: list[int] = []
+        for key in banned:
+            if not head:  # only whitespace so far: a token that (after its own whitespace) spells the key
+                found += self._starting_with(self._leading, key)
+            elif len(key) > len(head) and key.startswith(head):
+                found += self._starting_with(self._pieces, key[len(head) :])
+        return np.unique(np.array(found, dtype=np.int64))
+
+
+@lru_cache(maxsize=4)
+def prefix_ban(token_bytes: tuple[bytes, ...], stop_ids: frozenset[int], n_vocab: int) -> PrefixBan:
+    return PrefixBan(token_bytes, stop_ids, n_vocab)
+
+
 @lru_cache(maxsize=4)
 def text_ban(token_bytes: tuple[bytes, ...], stop_ids: frozenset[int], n_vocab: int) -> TextBan:
     """The ban index of a vocabulary, built once per tokenizer (a pass over every token)."""
@@ -102,6 +139,7 @@ def greedy_decode(
     stop_ids: Iterable[int],
     max_new_tokens: int,
     banned: Sequence[Iterable[str]] | None = None,
+    ban_prefix: bool = False,
 ) -> list[Decoded]:
     """Greedy completions of all `contexts` at once, each until a stop token or `max_new_tokens` tokens.
 
@@ -123,7 +161,8 @@ def greedy_decode(
     stopped = [MAX_TOKENS] * n
     with decoder:
         logits = np.asarray(decoder.start([list(c) for c in contexts]))
-        ban = text_ban(tuple(token_bytes), frozenset(stop_set), logits.shape[1]) if any(banned_keys) else None
+        make_ban = prefix_ban if ban_prefix else text_ban
+        ban = make_ban(tuple(token_bytes), frozenset(stop_set), logits.shape[1]) if any(banned_keys) else None
         active = list(range(n))
         for step in range(1, max_new_tokens + 1):
             final = step == max_new_tokens

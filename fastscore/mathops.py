@@ -75,3 +75,33 @@ def gather_logprobs(
     where = np.searchsorted(used, rows) if len(used) < logits.shape[0] else rows
     picked = logits[rows, targets].astype(np.float64)
     return picked - lse[where], argmax[where] == targets
+
+
+def ranks_and_top_k(
+    logits_rows: np.ndarray, targets: np.ndarray, rows: np.ndarray, logprobs: np.ndarray, k: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each target's rank under its row (1 + the number of strictly larger logits: ties share a rank), and the
+    k most likely token ids with their log-probs, best first (int64 [n, k], float64 [n, k]).
+
+    `logprobs` are gather_logprobs' for the same targets: each row's normaliser is read back from them
+    (logit - logprob) instead of being computed a second time.
+    """
+    logits = _as_rows(logits_rows)
+    targets = np.asarray(targets, dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64)
+    picked = logits[rows, targets]
+    ranks = np.empty(len(targets), dtype=np.int64)
+    for start in range(0, len(targets), _BLOCK_ROWS):
+        block = slice(start, start + _BLOCK_ROWS)
+        ranks[block] = 1 + (logits[rows[block]] > picked[block, None]).sum(axis=1)
+    k = min(int(k), logits.shape[1])
+    if k <= 0:
+        return ranks, np.zeros((len(targets), 0), np.int64), np.zeros((len(targets), 0), np.float64)
+    lse = picked.astype(np.float64) - np.asarray(logprobs, dtype=np.float64)
+    chosen = logits[rows]
+    top = np.argpartition(-chosen, k - 1, axis=1)[:, :k] if k < logits.shape[1] else np.tile(
+        np.arange(logits.shape[1]), (len(rows), 1))
+    values = np.take_along_axis(chosen, top, axis=1).astype(np.float64)
+    order = np.argsort(-values, axis=1, kind="stable")
+    top, values = np.take_along_axis(top, order, axis=1), np.take_along_axis(values, order, axis=1)
+    return ranks, top.astype(np.int64), values - lse[:, None]

@@ -7,7 +7,8 @@ The scorer sees chat messages and continuation text: `ScoreRequest` -> `ScoreRes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +19,7 @@ class TokenRequest:
 
     tokens: tuple[int, ...]
     score_from: int
+    top_k: int = 0  # also return the k most likely tokens at each scored position
 
     def __post_init__(self) -> None:
         if not 1 <= self.score_from < len(self.tokens):
@@ -30,10 +32,18 @@ class TokenRequest:
 
 @dataclass(frozen=True, eq=False)
 class TokenScores:
-    """Natural-log probabilities of the scored tokens (float64) and whether each was the model's argmax."""
+    """Natural-log probabilities of the scored tokens (float64) and whether each was the model's argmax.
+
+    `ranks`: 1 + the number of vocabulary tokens strictly more likely than the scored one (1 for the argmax; ties
+    share a rank). `top_ids` / `top_logprobs` [n_scored, k]: the k most likely tokens at each position, best first,
+    when the request asked for top_k > 0. Backends that fill none of them leave them None.
+    """
 
     logprobs: np.ndarray
     is_argmax: np.ndarray
+    ranks: np.ndarray | None = None
+    top_ids: np.ndarray | None = None
+    top_logprobs: np.ndarray | None = None
 
     @property
     def total(self) -> float:
@@ -42,17 +52,40 @@ class TokenScores:
 
 @dataclass(frozen=True)
 class Message:
+    """One chat message. `tool_calls` (assistant), `name` and `tool_call_id` (tool results) follow the OpenAI
+    format and reach the chat template as they are (see fastscore.chat)."""
+
     role: str
     content: str
+    tool_calls: tuple[Any, ...] = ()
+    name: str | None = None
+    tool_call_id: str | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it: only the fields that are set."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = list(self.tool_calls)
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 @dataclass(frozen=True)
 class ScoreRequest:
-    """Chat messages rendered with the model's template and a generation prompt, then `continuation` as the reply."""
+    """Chat messages rendered with the model's template and a generation prompt, then `continuation` as the reply.
+
+    With `prompt` set instead (raw text), no template is used: the scored text is `continuation` right after
+    `prompt`, and no end-of-turn token is scored. `tools` (JSON schemas) go to templates that accept them.
+    """
 
     id: str
     messages: tuple[Message, ...]
     continuation: str
+    tools: tuple[Any, ...] = ()
+    prompt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +95,8 @@ class CandidateSet:
     id: str
     messages: tuple[Message, ...]
     candidates: tuple[str, ...]
+    tools: tuple[Any, ...] = ()
+    prompt: str | None = None  # raw text instead of messages (see ScoreRequest)
 
 
 @dataclass(frozen=True)
@@ -71,6 +106,7 @@ class GreedyRequest:
     id: str
     messages: tuple[Message, ...]
     banned: tuple[str, ...] = ()
+    tools: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,10 +123,22 @@ class ScoreResult:
     # 1 when a token straddled the context/continuation boundary and was scored as part of the continuation.
     boundary_straddles: int = 0
     includes_end_of_turn: bool = True
+    token_texts: tuple[str, ...] = ()  # each scored token's text piece
+    token_ranks: tuple[int, ...] = ()  # see TokenScores.ranks
+    # With top_k: per scored token, the k most likely (token id, text piece, log-prob), best first.
+    top_k: tuple[tuple[tuple[int, str, float], ...], ...] = ()
+    index: int = 0  # the candidate's place in its set
 
     @property
     def logprob_per_token(self) -> float:
         return self.logprob / self.n_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values (lists for tuples), with logprob_per_token."""
+        out = asdict(self)
+        out["logprob_per_token"] = self.logprob_per_token
+        out["top_k"] = [[{"id": i, "token": t, "logprob": lp} for i, t, lp in position] for position in self.top_k]
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in out.items()}
 
 
 @dataclass(frozen=True)
@@ -101,6 +149,12 @@ class CandidateSetResult:
     results: tuple[ScoreResult, ...]
     probs: tuple[float, ...]  # softmax of summed log-probs
     probs_per_token: tuple[float, ...]  # softmax of length-normalised log-probs
+
+    def to_dict(self) -> dict[str, Any]:
+        """{"id", "candidates": [each result's to_dict() with its "prob" and "prob_per_token"]}."""
+        return {"id": self.id, "candidates": [
+            {**result.to_dict(), "prob": prob, "prob_per_token": prob_per_token}
+            for result, prob, prob_per_token in zip(self.results, self.probs, self.probs_per_token, strict=True)]}
 
 
 @dataclass(frozen=True)
@@ -113,6 +167,9 @@ class GreedyResult:
     stopped_by: str  # "end_of_turn" or "max_tokens"
     banned_mass: float = 0.0  # total probability mass the ban removed over the decoded steps (sum of removed p)
     banned_steps: int = 0  # decoding steps at which the ban removed any token
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()}
 
 
 @dataclass

@@ -1,16 +1,20 @@
 """Scoring files: JSONL requests in, one JSON line of results per request out, streamed.
 
 Input line: {"id": ..., "messages": [{"role": ..., "content": ...}, ...], "candidates": ["...", ...],
-"banned": ["...", ...]} ("banned" is optional and only used with greedy generation). The file is read lazily and
+"tools": [...], "banned": ["...", ...]} ("banned" is optional and only used with greedy generation), or the raw-text
+form {"id", "prompt", "continuations"}: see fastscore.requests_schema. The file is read lazily and
 validated line by line; a bad line (bad JSON, bad UTF-8, a lone surrogate, nesting too deep, a bad field) raises
 RequestError naming its line (1-based) and id, or with on_error="skip" is listed in OUT.skipped.jsonl instead.
 Output goes to OUT.partial and is renamed over OUT only once complete (fastscore.outputs): a failed run leaves OUT
 untouched and every valid line before the error in OUT.partial, where `resume=True` continues it. "-" reads stdin
 or writes stdout (streamed, not atomic, no resume).
 
-Output line: {"id", "scored_end_of_turn", "candidates": [{"text", "logprob", "n_tokens", "logprob_per_token",
-"token_logprobs", "token_is_argmax", "boundary_straddles", "prob", "prob_per_token"}, ...]} and, when generating,
-"greedy": {"text", "stopped_by", "banned_mass", "banned_steps"}. "prob" is normalised over the line's candidates.
+Output line: {"id", "scored_end_of_turn", "candidates": [{"index", "text", "logprob", "n_tokens",
+"logprob_per_token", "token_ids", "token_texts", "token_logprobs", "token_ranks", "token_is_argmax", "boundary_straddles",
+"prob", "prob_per_token"} (+ "top_k": per token [{"id", "token", "logprob"}, ...] with top_k > 0), ...]} and, when
+generating, "greedy": {"text", "stopped_by", "banned_mass", "banned_steps"}. "prob" is normalised over the line's
+candidates; "token_texts" are the scored tokens' text pieces; a rank is 1 + the number of tokens the model found
+strictly more likely.
 """
 
 from __future__ import annotations
@@ -27,33 +31,14 @@ from typing import IO, Any
 
 from tqdm.auto import tqdm
 
-from fastscore.chat import ALLOWED_ROLES
 from fastscore.errors import DamagedArtefactError, FastscoreError, OutputError, RequestError
 from fastscore.outputs import PartialOutput, check_not_an_input, is_stdio, write_text_atomic
-from fastscore.records import CandidateSet, CandidateSetResult, GreedyRequest, GreedyResult, Message
+from fastscore.records import CandidateSetResult, GreedyRequest, GreedyResult
+from fastscore.requests_schema import InputRecord, parse_record
 
 log = logging.getLogger(__name__)
 
 SKIPPED_SUFFIX = ".skipped.jsonl"  # beside OUT: the lines on_error="skip" set aside, with their reasons
-
-
-@dataclass(frozen=True)
-class InputRecord:
-    line: int
-    id: str | int  # as written in the file (echoed in the output)
-    messages: tuple[Message, ...]
-    candidates: tuple[str, ...]
-    banned: tuple[str, ...] = ()
-
-    @property
-    def key(self) -> str:
-        return str(self.id)
-
-
-def _string_list(value: Any, field: str, line: int, rid: object) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise RequestError(f"{field!r} must be a list of strings", line=line, request_id=rid)
-    return tuple(value)
 
 
 def _decode_line(data: bytes, line: int) -> str:
@@ -62,51 +47,6 @@ def _decode_line(data: bytes, line: int) -> str:
     except UnicodeDecodeError as exc:
         raise RequestError(f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at byte {exc.start + 1} of the line)",
                            line=line) from None
-
-
-def parse_record(text: str, line: int) -> InputRecord:
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RequestError(f"malformed JSON: {exc.msg} (at character {exc.pos + 1})", line=line) from None
-    except RecursionError:
-        raise RequestError("JSON nested too deeply", line=line) from None
-    try:  # JSON may spell lone surrogates ("\\ud800"), which are not text and no tokenizer accepts
-        json.dumps(raw, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise RequestError(f"contains a lone surrogate ({exc.object[exc.start]!r}), which is not valid text",
-                           line=line, request_id=raw.get("id") if isinstance(raw, dict) else None) from None
-    if not isinstance(raw, dict):
-        raise RequestError(f"expected a JSON object, got {type(raw).__name__}", line=line)
-    for field in ("id", "messages", "candidates"):
-        if field not in raw:
-            raise RequestError(f"missing field {field!r}", line=line, request_id=raw.get("id"))
-    rid = raw["id"]
-    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-        raise RequestError(f"'id' must be a string or an integer, not {json.dumps(rid)}", line=line)
-    if not isinstance(raw["messages"], list):
-        raise RequestError("'messages' must be a list", line=line, request_id=rid)
-    messages = []
-    for k, message in enumerate(raw["messages"]):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError(f"message {k} must be an object with a string 'role'", line=line, request_id=rid)
-        if message["role"] not in ALLOWED_ROLES:
-            raise RequestError(
-                f"message {k} has unknown role {message['role']!r}; allowed roles: {', '.join(ALLOWED_ROLES)}",
-                line=line,
-                request_id=rid,
-            )
-        if not isinstance(message.get("content"), str):
-            raise RequestError(f"message {k} must have a string 'content'", line=line, request_id=rid)
-        messages.append(Message(message["role"], message["content"]))
-    candidates = _string_list(raw["candidates"], "candidates", line, rid)
-    if not candidates:
-        raise RequestError("empty candidate list", line=line, request_id=rid)
-    for k, candidate in enumerate(candidates):
-        if not candidate:
-            raise RequestError(f"candidate {k} is an empty continuation", line=line, request_id=rid)
-    banned = _string_list(raw.get("banned", []), "banned", line, rid)
-    return InputRecord(line, rid, tuple(messages), candidates, banned)
 
 
 def read_requests(source: Path | str | IO[bytes]) -> Iterator[InputRecord]:
@@ -137,21 +77,19 @@ def iter_requests(source: Path | str | IO[bytes]) -> Iterator[InputRecord | Requ
             yield record
 
 
+# An output candidate's fields after "index" and "text", in order (ScoreResult.to_dict names).
+CANDIDATE_FIELDS = ("logprob", "n_tokens", "logprob_per_token", "token_ids", "token_texts", "token_logprobs",
+                    "token_ranks", "token_is_argmax", "boundary_straddles", "prob", "prob_per_token")
+
+
 def output_line(record: InputRecord, scored: CandidateSetResult, greedy: GreedyResult | None = None) -> dict:
-    candidates = [
-        {
-            "text": result.continuation,
-            "logprob": result.logprob,
-            "n_tokens": result.n_tokens,
-            "logprob_per_token": result.logprob_per_token,
-            "token_logprobs": list(result.token_logprobs),
-            "token_is_argmax": list(result.token_is_argmax),
-            "boundary_straddles": result.boundary_straddles,
-            "prob": prob,
-            "prob_per_token": prob_per_token,
-        }
-        for result, prob, prob_per_token in zip(scored.results, scored.probs, scored.probs_per_token, strict=True)
-    ]
+    candidates = []
+    for result, full in zip(scored.results, scored.to_dict()["candidates"], strict=True):
+        candidate = {"index": result.index, "text": result.continuation}
+        candidate |= {key: full[key] for key in CANDIDATE_FIELDS}
+        if result.top_k:
+            candidate["top_k"] = full["top_k"]
+        candidates.append(candidate)
     out: dict[str, Any] = {
         "id": record.id,
         "scored_end_of_turn": scored.results[0].includes_end_of_turn,
@@ -168,11 +106,15 @@ def output_line(record: InputRecord, scored: CandidateSetResult, greedy: GreedyR
 
 
 def _compute(scorer, records: Sequence[InputRecord], generate: bool, max_new_tokens: int) -> list[dict]:
-    sets = [CandidateSet(r.key, r.messages, r.candidates) for r in records]
-    scored = scorer.score_candidates(sets)
+    scored = scorer.score_candidates([r.candidate_set() for r in records])
     greedy: Sequence[GreedyResult | None] = [None] * len(records)
     if generate:
-        greedy = scorer.greedy([GreedyRequest(r.key, r.messages, r.banned) for r in records], max_new_tokens)
+        for r in records:
+            if r.prompt is not None:
+                raise RequestError("greedy generation needs chat messages, not a raw-text 'prompt'", line=r.line,
+                                   request_id=r.id)
+        greedy = scorer.greedy([GreedyRequest(r.key, r.messages, r.banned, r.tools) for r in records],
+                               max_new_tokens)
     return [output_line(r, s, g) for r, s, g in zip(records, scored, greedy, strict=True)]
 
 

@@ -15,6 +15,7 @@ common context of all candidates of many contexts at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -74,6 +75,7 @@ class Scorer:
         max_decode_batch: int = 32,
         weights_note: str = "",
         weights_repair: str = "",
+        top_k: int = 0,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
@@ -83,7 +85,14 @@ class Scorer:
         self.max_decode_batch = max_decode_batch
         self._weights_note = weights_note
         self._weights_repair = weights_repair
-        self._template = tokenizer.require_chat_template()
+        if top_k < 0:
+            raise RequestError(f"top_k must be >= 0, not {top_k}")
+        self.top_k = top_k  # alternatives returned per scored token
+
+    @property
+    def _template(self) -> str:
+        # Required only by chat requests: a base model without a template still scores raw-text prompts.
+        return self.tokenizer.require_chat_template()
 
     @property
     def weights_note(self) -> str:
@@ -118,7 +127,7 @@ class Scorer:
             return np.concatenate([[bos], ids]), np.concatenate([zero, starts]), np.concatenate([zero, ends])
         return ids, starts, ends
 
-    def context_ids(self, messages, request_id: object = None) -> list[int]:
+    def context_ids(self, messages, request_id: object = None, tools=()) -> list[int]:
         """Token ids of the messages rendered with a generation prompt (the context greedy decoding continues)."""
         chat.check_messages(messages, request_id)
         text, literal_spans = chat.render_literal(
@@ -129,6 +138,7 @@ class Scorer:
             special_tokens=self.tokenizer.special_token_variables,
             template_kwargs=self.chat_template_kwargs,
             request_id=request_id,
+            tools=tools,
         )
         enc = self.tokenizer.encode(text, literal_spans)
         ids, _, _ = self._with_bos(enc.ids, enc.starts, enc.ends, request_id)
@@ -139,16 +149,20 @@ class Scorer:
         rid = request.id
         if not request.continuation:
             raise RequestError("empty continuation: there is nothing to score", request_id=rid)
-        chat.check_messages(request.messages, rid)
-        rendered = chat.render_with_continuation(
-            self._template,
-            request.messages,
-            request.continuation,
-            special_tokens=self.tokenizer.special_token_variables,
-            template_kwargs=self.chat_template_kwargs,
-            request_id=rid,
-            literal_texts=self.tokenizer.special_texts,
-        )
+        if request.prompt is not None:
+            rendered = chat.raw_text(request.prompt, request.continuation)
+        else:
+            chat.check_messages(request.messages, rid)
+            rendered = chat.render_with_continuation(
+                self._template,
+                request.messages,
+                request.continuation,
+                special_tokens=self.tokenizer.special_token_variables,
+                template_kwargs=self.chat_template_kwargs,
+                request_id=rid,
+                literal_texts=self.tokenizer.special_texts,
+                tools=request.tools,
+            )
         enc = self.tokenizer.encode(rendered.text, rendered.literal_spans)
         ids, starts, ends = self._with_bos(enc.ids, enc.starts, enc.ends, rid)
         lo, hi = rendered.start, rendered.end
@@ -158,11 +172,13 @@ class Scorer:
             raise TokenizationError(f"request {rid!r}: no token covers the continuation")
         first, last = int(inside[0]), int(inside[-1])
         if first == 0:
-            raise TokenizationError(f"request {rid!r}: the rendered conversation has no token before the continuation")
+            raise TokenizationError(f"request {rid!r}: the rendered conversation has no token before the continuation"
+                                    + (" (an empty prompt needs a BOS token)" if request.prompt is not None else ""))
         # Boundaries crossed: the first scored token may start in the context, the last may run into the template.
         straddles = int(starts[first] < lo) + int(ends[last] > hi)
         end = last + 1
-        if self.include_end_of_turn:
+        with_end_of_turn = self.include_end_of_turn and request.prompt is None  # raw text has no turn to end
+        if with_end_of_turn:
             eot = self.tokenizer.end_of_turn_id
             if end >= len(ids) or int(ids[end]) != eot:
                 found = self.tokenizer.decode(ids[end : end + 1]) if end < len(ids) else "end of text"
@@ -177,8 +193,8 @@ class Scorer:
                 f"longer than the backend's context of {self.backend.n_ctx} tokens",
                 request_id=rid,
             )
-        token_request = TokenRequest(tokens=tuple(int(i) for i in ids[:end]), score_from=first)
-        return PreparedRequest(request, token_request, straddles, self.include_end_of_turn)
+        token_request = TokenRequest(tokens=tuple(int(i) for i in ids[:end]), score_from=first, top_k=self.top_k)
+        return PreparedRequest(request, token_request, straddles, with_end_of_turn)
 
     # --- scoring ---
 
@@ -217,7 +233,7 @@ class Scorer:
         fix = f"; rebuild it with: {self._weights_repair}" if self._weights_repair else ""
         return DamagedArtefactError(f"the weights in {self.backend.path} are damaged ({what}){fix}")
 
-    def _result(self, item: PreparedRequest, token_scores) -> ScoreResult:
+    def _result(self, item: PreparedRequest, token_scores, index: int = 0) -> ScoreResult:
         tr = item.token_request
         logprobs = np.asarray(token_scores.logprobs, dtype=np.float64)
         if logprobs.shape != (tr.n_scored,):
@@ -227,16 +243,27 @@ class Scorer:
             )
         if not np.all(np.isfinite(logprobs)):
             raise self._damaged(f"request {item.request.id!r} got non-finite log-probs")
+        ids = tr.tokens[tr.score_from :]
+        piece = self.tokenizer.decode_piece
+        top_k = ()
+        if token_scores.top_ids is not None:
+            top_k = tuple(
+                tuple((int(t), piece(t), float(lp)) for t, lp in zip(top_ids, top_lps, strict=True))
+                for top_ids, top_lps in zip(token_scores.top_ids, token_scores.top_logprobs, strict=True))
         return ScoreResult(
             request_id=item.request.id,
             continuation=item.request.continuation,
             logprob=float(logprobs.sum()),
             n_tokens=tr.n_scored,
-            token_ids=tr.tokens[tr.score_from :],
+            token_ids=ids,
             token_logprobs=tuple(float(x) for x in logprobs),
             token_is_argmax=tuple(bool(x) for x in np.asarray(token_scores.is_argmax)),
             boundary_straddles=item.boundary_straddles,
             includes_end_of_turn=item.includes_end_of_turn,
+            token_texts=tuple(piece(t) for t in ids),
+            token_ranks=() if token_scores.ranks is None else tuple(int(r) for r in token_scores.ranks),
+            top_k=top_k,
+            index=index,
         )
 
     def score_candidates(self, sets: Sequence[CandidateSet]) -> list[CandidateSetResult]:
@@ -245,11 +272,12 @@ class Scorer:
         for candidate_set in sets:
             if not candidate_set.candidates:
                 raise RequestError("empty candidate list", request_id=candidate_set.id)
-            flat.extend(ScoreRequest(candidate_set.id, candidate_set.messages, c) for c in candidate_set.candidates)
+            flat.extend(ScoreRequest(candidate_set.id, candidate_set.messages, c, candidate_set.tools,
+                                     candidate_set.prompt) for c in candidate_set.candidates)
         results = iter(self.score(flat))
         out = []
         for candidate_set in sets:
-            group = tuple(next(results) for _ in candidate_set.candidates)
+            group = tuple(dataclasses.replace(next(results), index=k) for k in range(len(candidate_set.candidates)))
             out.append(
                 CandidateSetResult(
                     id=candidate_set.id,
@@ -262,13 +290,15 @@ class Scorer:
 
     # --- greedy decoding ---
 
-    def greedy(self, requests: Sequence[GreedyRequest], max_new_tokens: int = 128) -> list[GreedyResult]:
-        """Greedy completion of each context (rendered with a generation prompt), never equal to its banned texts."""
+    def greedy(self, requests: Sequence[GreedyRequest], max_new_tokens: int = 128,
+               ban_prefix: bool = False) -> list[GreedyResult]:
+        """Greedy completion of each context (rendered with a generation prompt), never equal to its banned texts
+        (with `ban_prefix`, never starting with one)."""
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         contexts = []
         for request in requests:
-            ids = self.context_ids(request.messages, request.id)
+            ids = self.context_ids(request.messages, request.id, request.tools)
             if len(ids) + max_new_tokens > self.backend.n_ctx:
                 raise ContextTooLongError(
                     f"the context is {len(ids)} tokens; with {max_new_tokens} new tokens that is longer than the "
@@ -287,6 +317,7 @@ class Scorer:
                     stop_ids=self.tokenizer.stop_ids,
                     max_new_tokens=max_new_tokens,
                     banned=[request.banned for request in chunk],
+                    ban_prefix=ban_prefix,
                 )
             for request, d in zip(chunk, decoded, strict=True):
                 results.append(

@@ -171,6 +171,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def decode_piece(self, token_id: int) -> str:
+        """One token's text as it reads in the decoded string (a token holding part of a UTF-8 character decodes
+        to U+FFFD; its id says which bytes)."""
+        return self._tok.decode([int(token_id)], skip_special_tokens=False)
+
     def token_text(self, token_id: int) -> str:
         return self._tok.id_to_token(int(token_id)) or ""
 

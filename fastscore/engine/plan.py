@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastscore.engine.trie import Group, Trie, all_owners, leaf_owners, pack
-from fastscore.mathops import gather_logprobs, log_softmax_rows
+from fastscore.mathops import gather_logprobs, log_softmax_rows, ranks_and_top_k
 from fastscore.records import TokenRequest, TokenScores
 
 
@@ -55,18 +55,31 @@ class Gather:
     members: tuple[int, ...]  # request indices
     rows: tuple[np.ndarray, ...]  # int64 [n_scored] per member: indices into the logits rows
     targets: tuple[np.ndarray, ...]  # int32 [n_scored] per member: the scored tokens
+    top_k: tuple[int, ...] = ()  # per member: alternatives wanted at each scored position (empty: none)
 
     @classmethod
     def whole(cls, index: int, request: TokenRequest) -> "Gather":
         """Rows [n_scored, V] computed for one request alone, row k predicting its k-th scored token."""
-        return cls((index,), (np.arange(request.n_scored),), (np.asarray(request.tokens[request.score_from :]),))
+        return cls((index,), (np.arange(request.n_scored),), (np.asarray(request.tokens[request.score_from :]),),
+                   (request.top_k,))
 
     def scores(self, logits_rows: np.ndarray) -> list[TokenScores]:
-        """Each member's log-probs; a row shared by several members (a trie node's last position) is normalised once."""
+        """Each member's log-probs, ranks and wanted top-k; a row shared by several members (a trie node's last
+        position) is normalised once."""
         bounds = np.cumsum([0] + [len(r) for r in self.rows])
-        logprobs, is_argmax = gather_logprobs(logits_rows, np.concatenate(self.targets), np.concatenate(self.rows))
-        return [TokenScores(logprobs=logprobs[bounds[k] : bounds[k + 1]], is_argmax=is_argmax[bounds[k] : bounds[k + 1]])
-                for k in range(len(self.members))]
+        targets, rows = np.concatenate(self.targets), np.concatenate(self.rows)
+        logprobs, is_argmax = gather_logprobs(logits_rows, targets, rows)
+        ranks, _, _ = ranks_and_top_k(logits_rows, targets, rows, logprobs)
+        out = []
+        for k in range(len(self.members)):
+            part = slice(bounds[k], bounds[k + 1])
+            top_ids = top_logprobs = None
+            if self.top_k and self.top_k[k] > 0:
+                _, top_ids, top_logprobs = ranks_and_top_k(logits_rows, targets[part], rows[part], logprobs[part],
+                                                           self.top_k[k])
+            out.append(TokenScores(logprobs=logprobs[part], is_argmax=is_argmax[part], ranks=ranks[part],
+                                   top_ids=top_ids, top_logprobs=top_logprobs))
+        return out
 
     def log_softmax(self, logits_rows: np.ndarray) -> list[np.ndarray]:
         """float64 [n_scored, n_vocab] log-softmax rows of each member."""
@@ -157,7 +170,8 @@ class ScoringPlan:
             rows.append(np.concatenate([row_of[idx] for idx, _ in mine]) if mine else np.zeros(0, np.int64))
             targets.append(np.concatenate([t for _, t in mine]) if mine else np.zeros(0, np.int32))
         batch = Batch(tokens=tokens, positions=positions, outputs=outputs, runs=runs, n_seqs=len(group.owners))
-        return batch, Gather(tuple(self.members[g]), tuple(rows), tuple(targets))
+        top_k = tuple(self.requests[i].top_k for i in self.members[g])
+        return batch, Gather(tuple(self.members[g]), tuple(rows), tuple(targets), top_k)
 
 
 class DecodePlan:
