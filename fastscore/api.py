@@ -131,13 +131,9 @@ def load(
 
 def candidate_rows(results: Iterable[CandidateSetResult]) -> list[dict[str, Any]]:
     """One flat dict per candidate: the set's id, the candidate's index and text, and its scores (lists kept)."""
-    rows = []
-    for result in results:
-        for candidate in result.to_dict()["candidates"]:
-            row = {"id": result.id, "index": candidate["index"], "text": candidate["continuation"]}
-            row |= {k: v for k, v in candidate.items() if k not in ("request_id", "index", "continuation")}
-            rows.append(row)
-    return rows
+    from fastscore.tables import flatten
+
+    return [row for result in results for row in flatten(result.to_dict())]
 
 
 def to_frame(results: Iterable[CandidateSetResult]):

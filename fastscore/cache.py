@@ -70,7 +70,10 @@ def _package_version(name: str) -> str | None:
 def built_with(variant: str) -> dict[str, str | None]:
     """The versions stamped into (and required of) a variant folder named `variant`."""
     packages = BUILT_WITH.get(variant.split("-", 1)[0], DEFAULT_BUILT_WITH)
-    return {"fastscore": _package_version("fastscore"), **{p: _package_version(p) for p in packages}}
+    # The import package's own version: the distribution is named fastscore-cpu (PyPI's "fastscore" is another's).
+    from fastscore import __version__
+
+    return {"fastscore": __version__, **{p: _package_version(p) for p in packages}}
 
 
 def read_marker(path: Path) -> dict | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 import sys
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import click
 
 from fastscore import variants
-from fastscore.errors import FastscoreError
+from fastscore.errors import FastscoreError, OutputError
 from fastscore.study.datafile import default_data_dir
 from fastscore.study.envs import ENVS
 
@@ -45,7 +47,8 @@ def _friendly(func):
     return wrapper
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fastscore-cpu", prog_name="fastscore")
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """fastscore: teacher-forced log-probs of an agent's action under many related chat contexts."""
@@ -82,11 +85,21 @@ def models() -> None:
 @click.option("--backend-option", "backend_option", multiple=True, metavar="KEY=VALUE",
               help="A typed backend option, repeatable (e.g. kv_type=f16, flash_attn=on for llamacpp; "
                    "share_prefixes=false for onnx).")
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Also write the K most likely tokens (id, text, log-prob) at every scored position.")
+@click.option("--format", "out_format", default="jsonl", show_default=True,
+              type=click.Choice(["jsonl", "parquet", "csv"]),
+              help="OUT's format: nested JSONL, or one row per candidate as Parquet (pyarrow: the `parquet` extra) "
+                   "or CSV (lists as JSON); a table is converted from OUT.jsonl, which is kept beside it.")
+@click.option("--ban", "ban", default="exact", show_default=True, type=click.Choice(["exact", "prefix"]),
+              help="With --generate: a completion may not equal a 'banned' text (exact) or not even start with one "
+                   "(prefix).")
 @_friendly
 def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_path, threads, exclude_end_of_turn,
-          chunk_size, resume, on_error, backend_option) -> None:
-    """Score each candidate continuation of every request in REQUESTS (JSONL, '-': stdin) and write OUT (JSONL)."""
-    from fastscore import outputs
+          chunk_size, resume, on_error, backend_option, top_k, out_format, ban) -> None:
+    """Score each candidate continuation of every request in REQUESTS (JSONL, '-': stdin) and write OUT, with the
+    run's metadata (model, backend, quant, weights, versions, tokenizer hash, command) in OUT.meta.json."""
+    from fastscore import outputs, provenance, tables
     from fastscore.backends.options import parse_options
     from fastscore.registry import default_model
     from fastscore.requests_io import score_file
@@ -94,6 +107,13 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
     from fastscore.session import default_quant, open_scorer
 
     # Everything that can be refused is refused before the model loads and before anything is written.
+    tables.check_format(out_format)
+    table_out = None
+    if out_format != "jsonl":
+        if outputs.is_stdio(out):
+            raise OutputError(f"--format {out_format} needs an output file, not stdout")
+        table_out, out = out, out.with_name(out.name + ".jsonl")
+        outputs.check_not_an_input(table_out, [requests])
     if not outputs.is_stdio(out):
         outputs.check_not_an_input(out, [requests])
         outputs.ensure_parent(out)
@@ -104,9 +124,17 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
     model_source(model, hf_path)
     options = parse_options(backend, backend_option)
     with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads, backend_options=options,
-                     progress=True, include_end_of_turn=not exclude_end_of_turn) as scorer:
+                     progress=True, include_end_of_turn=not exclude_end_of_turn, top_k=top_k) as scorer:
         summary = score_file(scorer, requests, out, generate=generate, max_new_tokens=max_new_tokens,
-                             chunk_size=chunk_size, resume=resume, on_error=on_error)
+                             chunk_size=chunk_size, resume=resume, on_error=on_error, ban_prefix=ban == "prefix")
+        meta = provenance.run_metadata(scorer, model=model, backend=backend, quant=quant, backend_options=options,
+                                       command=" ".join(["fastscore", *sys.argv[1:]]),
+                                       extra={"requests": str(requests), "format": out_format})
+    if table_out is not None:
+        tables.write_table(tables.read_rows(out), table_out, out_format)
+        summary = dataclasses.replace(summary, out=table_out)
+    if not outputs.is_stdio(summary.out):
+        outputs.write_text_atomic(provenance.meta_path(Path(summary.out)), json.dumps(meta, indent=1) + "\n")
     resumed = f", {summary.n_resumed} already done" if summary.n_resumed else ""
     skipped = f"; {summary.n_skipped} bad lines skipped, listed in {summary.skipped_file}" if summary.n_skipped else ""
     click.echo(f"scored {summary.n_requests} requests ({summary.n_candidates} candidates{resumed}) with {model} "

@@ -175,13 +175,22 @@ class PartialOutput:
 def write_text_atomic(path: Path, text: str) -> None:
     """Replace `path` with `text` so that a reader never sees a half-written file (temporary file in the same folder,
     fsync, rename). Our own temporary name rather than mkstemp, whose files are private (0600): results are shared."""
-    ensure_parent(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+
+    def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+
+    write_atomic_with(path, write)
+
+
+def write_atomic_with(path: Path, write) -> None:
+    """write_text_atomic for any writer: `write(tmp)` writes the whole file at tmp, which then replaces `path`."""
+    ensure_parent(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
         os.replace(tmp, path)
         fsync_path(path.parent)
     except OSError as exc:

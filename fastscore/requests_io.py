@@ -105,16 +105,24 @@ def output_line(record: InputRecord, scored: CandidateSetResult, greedy: GreedyR
     return out
 
 
-def _compute(scorer, records: Sequence[InputRecord], generate: bool, max_new_tokens: int) -> list[dict]:
+@dataclass(frozen=True)
+class Generation:
+    """Greedy decoding per request (`score --generate`): its token cap and whether bans match as prefixes."""
+
+    max_new_tokens: int = 128
+    ban_prefix: bool = False
+
+
+def _compute(scorer, records: Sequence[InputRecord], generation: Generation | None) -> list[dict]:
     scored = scorer.score_candidates([r.candidate_set() for r in records])
     greedy: Sequence[GreedyResult | None] = [None] * len(records)
-    if generate:
+    if generation is not None:
         for r in records:
             if r.prompt is not None:
                 raise RequestError("greedy generation needs chat messages, not a raw-text 'prompt'", line=r.line,
                                    request_id=r.id)
         greedy = scorer.greedy([GreedyRequest(r.key, r.messages, r.banned, r.tools) for r in records],
-                               max_new_tokens)
+                               generation.max_new_tokens, ban_prefix=generation.ban_prefix)
     return [output_line(r, s, g) for r, s, g in zip(records, scored, greedy, strict=True)]
 
 
@@ -154,9 +162,9 @@ class _ChunkWriter:
     """Computes and writes one chunk; if the chunk fails, redoes it line by line so the lines before the bad
     one are written, and the error names the bad line (or, skipping, the bad line is set aside)."""
 
-    def __init__(self, scorer, sink: _Sink, bar, generate: bool, max_new_tokens: int, skip: bool) -> None:
+    def __init__(self, scorer, sink: _Sink, bar, generation: Generation | None, skip: bool) -> None:
         self.scorer, self.sink, self.bar = scorer, sink, bar
-        self.generate, self.max_new_tokens, self.skip = generate, max_new_tokens, skip
+        self.generation, self.skip = generation, skip
         self.n_requests = self.n_candidates = 0
         self.skipped: list[dict] = []
 
@@ -164,13 +172,13 @@ class _ChunkWriter:
         if not chunk:
             return
         try:
-            lines = _compute(self.scorer, chunk, self.generate, self.max_new_tokens)
+            lines = _compute(self.scorer, chunk, self.generation)
         except DamagedArtefactError:
             raise
         except FastscoreError as chunk_error:
             for record in chunk:
                 try:
-                    lines = _compute(self.scorer, [record], self.generate, self.max_new_tokens)
+                    lines = _compute(self.scorer, [record], self.generation)
                 except RequestError as exc:
                     error = exc if exc.line is not None else type(exc)(str(exc), line=record.line)
                     self.set_aside(error, record.id)
@@ -206,11 +214,12 @@ def _read_source(requests: Path | str) -> tuple[IO[bytes], int]:
     return open(requests, "rb"), total
 
 
-def score_settings(scorer, generate: bool, max_new_tokens: int) -> dict[str, Any]:
+def score_settings(scorer, generation: Generation | None) -> dict[str, Any]:
     """What decides an output line's numbers: a resumed output must be continued with the same."""
     return {"backend": scorer.backend.name, "weights": str(scorer.backend.path), "weights_note": scorer.weights_note,
-            "include_end_of_turn": scorer.include_end_of_turn, "generate": generate,
-            "max_new_tokens": max_new_tokens if generate else None}
+            "include_end_of_turn": scorer.include_end_of_turn, "generate": generation is not None,
+            "max_new_tokens": generation.max_new_tokens if generation else None, "top_k": scorer.top_k,
+            **({"ban_prefix": True} if generation and generation.ban_prefix else {})}
 
 
 def score_file(
@@ -220,6 +229,7 @@ def score_file(
     *,
     generate: bool = False,
     max_new_tokens: int = 128,
+    ban_prefix: bool = False,
     chunk_size: int = 64,
     progress: bool = True,
     resume: bool = False,
@@ -235,11 +245,12 @@ def score_file(
         raise ValueError(f"on_error must be 'stop' or 'skip', not {on_error!r}")
     if not is_stdio(out_path):
         check_not_an_input(Path(out_path), [requests_path])
+    generation = Generation(max_new_tokens, ban_prefix) if generate else None
     source, total = _read_source(requests_path)
     with source:
-        sink = _Sink(out_path, score_settings(scorer, generate, max_new_tokens), resume)
+        sink = _Sink(out_path, score_settings(scorer, generation), resume)
         try:
-            summary = _score_stream(scorer, source, total, sink, out_path, generate, max_new_tokens, chunk_size,
+            summary = _score_stream(scorer, source, total, sink, out_path, generation, chunk_size,
                                     progress, on_error == "skip")
         except BaseException as exc:
             if sink.partial is not None:
@@ -252,11 +263,11 @@ def score_file(
     return summary
 
 
-def _score_stream(scorer, source: IO[bytes], total: int, sink: _Sink, out_path, generate: bool, max_new_tokens: int,
+def _score_stream(scorer, source: IO[bytes], total: int, sink: _Sink, out_path, generation: Generation | None,
                   chunk_size: int, progress: bool, skip: bool) -> FileSummary:
     with tqdm(total=total, initial=len(sink.done), unit="req", desc="scoring", disable=not progress,
               dynamic_ncols=True, file=sys.stderr) as bar:
-        writer = _ChunkWriter(scorer, sink, bar, generate, max_new_tokens, skip)
+        writer = _ChunkWriter(scorer, sink, bar, generation, skip)
         chunk: list[InputRecord] = []
         for record in iter_requests(source):
             if isinstance(record, RequestError):

@@ -1,0 +1,76 @@
+"""What produced a scores file: the sidecar OUT.meta.json written next to every `score` output.
+
+It names the fastscore version, the model, backend, quant and weights (with the weights note), the settings that
+decide exactness (backend options such as the KV-cache type, the context size, whether the end-of-turn token is
+scored), a hash of the tokenizer, the library versions, the command and the time. Quantised llama.cpp types give
+scores that depend on how requests are batched (README, "Measured so far"); the metadata says so where it applies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from fastscore import __version__
+
+META_SUFFIX = ".meta.json"
+LIBRARIES = ("llama-cpp-python", "onnxruntime", "torch", "transformers", "tokenizers", "jinja2", "numpy")
+EXACT_QUANTS = frozenset({"f32", "fp32"})
+
+
+def meta_path(out: Path) -> Path:
+    return out.with_name(out.name + META_SUFFIX)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def tokenizer_sha256(tokenizer) -> str | None:
+    """SHA-256 of the tokenizer.json the scores were tokenized with (None for a tokenizer not read from a folder)."""
+    path = Path(tokenizer.name) / "tokenizer.json" if tokenizer.name else None
+    if path is None or not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run_metadata(scorer, *, model: str, backend: str, quant: str, backend_options=None, command: str = "",
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The metadata of scores produced by `scorer` (a fastscore.scorer.Scorer)."""
+    options = dataclasses.asdict(backend_options) if dataclasses.is_dataclass(backend_options) else {}
+    batch_note = ("" if backend != "llamacpp" or quant in EXACT_QUANTS else
+                  f"llama.cpp {quant} scores depend on batch composition (up to ~0.1-1 nats on single tokens): "
+                  "compare runs batched alike")
+    return {
+        "fastscore_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "model": model,
+        "backend": backend,
+        "quant": quant,
+        "weights": str(scorer.backend.path),
+        "weights_note": scorer.weights_note,
+        "exactness": {
+            "backend_options": options,
+            "n_ctx": scorer.backend.n_ctx,
+            "threads": scorer.backend.n_threads,
+            "include_end_of_turn": scorer.include_end_of_turn,
+            "batch_dependent": bool(batch_note),
+            "note": batch_note,
+        },
+        "top_k": scorer.top_k,
+        "tokenizer": {"path": scorer.tokenizer.name, "sha256": tokenizer_sha256(scorer.tokenizer),
+                      "chat_template_sha256": hashlib.sha256(scorer.tokenizer.chat_template.encode()).hexdigest()
+                      if scorer.tokenizer.chat_template else None},
+        "libraries": {name: _version(name) for name in LIBRARIES},
+        "python": platform.python_version(),
+        **(extra or {}),
+    }
