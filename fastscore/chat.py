@@ -53,7 +53,7 @@ def check_messages(messages: Sequence[Message], request_id: object = None) -> No
             raise RequestError(
                 f"unknown role {message.role!r}; allowed roles: {', '.join(ALLOWED_ROLES)}", request_id=request_id
             )
-        if not isinstance(message.content, str):
+        if not isinstance(message.content, str) and not (message.content is None and message.tool_calls):
             raise RequestError(f"message content must be a string, not {type(message.content).__name__}",
                                request_id=request_id)
 
@@ -120,8 +120,20 @@ def render(
             messages=as_dicts, tools=list(tools) or None, documents=None,
             add_generation_prompt=add_generation_prompt, **variables
         )
-    except jinja2.exceptions.TemplateError as exc:
+    except (jinja2.exceptions.TemplateError, TypeError, ValueError, KeyError) as exc:
         raise RequestError(f"the chat template rejected the conversation: {exc}", request_id=request_id) from exc
+
+
+def check_template_support(template: str, messages: Sequence[Message], tools: Sequence[Any],
+                           request_id: object = None) -> None:
+    """Refuse tool calls or tools that the template would drop without a trace (it never reads them)."""
+    if tools and not re.search(r"\btools\b", template):
+        raise RequestError("this model's chat template ignores 'tools': they would not reach the model",
+                           request_id=request_id)
+    if any(getattr(m, "tool_calls", ()) for m in messages) and "tool_calls" not in template:
+        raise RequestError("this model's chat template does not render 'tool_calls': the call would vanish from "
+                           "the conversation; write it as the assistant message's content instead",
+                           request_id=request_id)
 
 
 def _content_of(message: Message | Mapping[str, Any]):
@@ -178,6 +190,7 @@ def render_with_continuation(
     placeholder only, so the scored text is exactly the given continuation. `literal_texts` (the tokenizer's
     special-token texts) found in the messages' contents are marked in `literal_spans`, and so is the continuation.
     """
+    check_template_support(template, messages, tools, request_id)
     placeholder = f"\ue000fastscore-{uuid.uuid4().hex}\ue001"
     probe = [*messages, Message("assistant", placeholder)]
     text, spans = render_literal(

@@ -56,7 +56,7 @@ class Message:
     format and reach the chat template as they are (see fastscore.chat)."""
 
     role: str
-    content: str
+    content: str | None  # None only beside tool_calls
     tool_calls: tuple[Any, ...] = ()
     name: str | None = None
     tool_call_id: str | None = None

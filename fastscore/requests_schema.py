@@ -73,9 +73,8 @@ def parse_message(message: Any, k: int, line: int | None = None, rid: object = N
     if not isinstance(tool_calls, list):
         raise RequestError(f"message {k}: 'tool_calls' must be a list", line=line, request_id=rid)
     content = message.get("content")
-    if content is None and tool_calls:
-        content = ""  # a template would print None as "None"; an assistant turn of tool calls has no text
-    if not isinstance(content, str):
+    # An assistant turn of tool calls may have no text: None reaches the template as in transformers.
+    if not isinstance(content, str) and not (content is None and tool_calls):
         raise RequestError(f"message {k} must have a string 'content'", line=line, request_id=rid)
     for field in ("name", "tool_call_id"):
         if message.get(field) is not None and not isinstance(message[field], str):

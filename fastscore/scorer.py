@@ -130,6 +130,7 @@ class Scorer:
     def context_ids(self, messages, request_id: object = None, tools=()) -> list[int]:
         """Token ids of the messages rendered with a generation prompt (the context greedy decoding continues)."""
         chat.check_messages(messages, request_id)
+        chat.check_template_support(self._template, messages, tools, request_id)
         text, literal_spans = chat.render_literal(
             self._template,
             messages,
