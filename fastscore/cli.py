@@ -278,6 +278,25 @@ def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot) 
     click.echo(f"results in {out}/ (quant.md, quant.json, plots)")
 
 
+@main.command()
+@click.argument("run_a", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("run_b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the comparison as JSON to this file.")
+@_friendly
+def compare(run_a, run_b, json_out) -> None:
+    """Compare two `score` outputs of the same requests: per-token and per-candidate differences, argmax changes
+    and sign flips of candidate contrasts (B - A)."""
+    from fastscore import outputs
+    from fastscore.compare import compare_files
+
+    comparison = compare_files(run_a, run_b)
+    for line in comparison.lines():
+        click.echo(line)
+    if json_out is not None:
+        outputs.write_text_atomic(json_out, json.dumps(comparison.to_dict(), indent=1) + "\n")
+
+
 def _csv(value: str) -> list[str]:
     return [part.strip().lower() for part in value.split(",") if part.strip()]
 

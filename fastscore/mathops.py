@@ -105,3 +105,13 @@ def ranks_and_top_k(
     order = np.argsort(-values, axis=1, kind="stable")
     top, values = np.take_along_axis(top, order, axis=1), np.take_along_axis(values, order, axis=1)
     return ranks, top.astype(np.int64), values - lse[:, None]
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a proportion (95% by default); (0, 1) when n is 0."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))

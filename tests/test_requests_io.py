@@ -98,9 +98,10 @@ def test_output_fields(tmp_path, fake_scorer):
     assert line["id"] == 7 and line["scored_end_of_turn"] is True
     assert [c["text"] for c in line["candidates"]] == ["Hi", "Hello"]
     for c in line["candidates"]:
-        assert set(c) == {"text", "logprob", "n_tokens", "logprob_per_token", "token_logprobs", "token_is_argmax",
-                          "boundary_straddles", "prob", "prob_per_token"}
-        assert len(c["token_logprobs"]) == len(c["token_is_argmax"]) == c["n_tokens"]
+        assert set(c) == {"index", "text", "logprob", "n_tokens", "logprob_per_token", "token_ids", "token_texts",
+                          "token_logprobs", "token_ranks", "token_is_argmax", "boundary_straddles", "prob",
+                          "prob_per_token"}  # "top_k" only with top_k > 0
+        assert len(c["token_logprobs"]) == len(c["token_is_argmax"]) == len(c["token_ids"]) == c["n_tokens"]
         assert c["logprob"] == pytest.approx(sum(c["token_logprobs"]))
     assert sum(c["prob"] for c in line["candidates"]) == pytest.approx(1.0)
     assert set(line["greedy"]) == {"text", "stopped_by", "banned_mass", "banned_steps"}
