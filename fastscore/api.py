@@ -111,16 +111,17 @@ def load(
     backend_options: Mapping[str, Any] | None = None,
     progress: bool = False,
 ) -> Session:
-    """Open `model` (default: the embedded SmolLM2-135M-Instruct) on `backend` at `quant` (default: the shipped
-    quant on llama.cpp, else full precision). `top_k` > 0 returns that many alternatives per scored token;
-    `backend_options` are the backend's typed options by name (e.g. {"kv_type": "f16"})."""
+    """Open `model` (default: the embedded SmolLM2-135M-Instruct; also a local GGUF file, a local HF folder or a hub
+    id) on `backend` at `quant` (default: the shipped quant on llama.cpp, a GGUF file's own type, else full
+    precision). `top_k` > 0 returns that many alternatives per scored token; `backend_options` are the backend's
+    typed options by name (e.g. {"kv_type": "f16", "n_ctx": 8192})."""
     from fastscore.backends.options import parse_options
     from fastscore.registry import default_model
-    from fastscore.resolve import validate
-    from fastscore.session import default_quant, open_scorer
+    from fastscore.resolve import default_quant_of, validate
+    from fastscore.session import open_scorer
 
     model = model or default_model()
-    quant = quant or default_quant(model, backend)
+    quant = quant or default_quant_of(model, backend)
     validate(backend, quant)
     options = parse_options(backend, [f"{k}={v}" for k, v in (backend_options or {}).items()])
     scorer = open_scorer(model, backend, quant, hf_path=Path(hf_path) if hf_path else None, n_threads=threads,

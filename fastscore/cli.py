@@ -64,9 +64,13 @@ def models() -> None:
 # --- commands: each parses its options and calls one library function ---
 
 
+MODEL_HELP = ("A registry name, a local GGUF file (llamacpp, as it is), a local HF checkpoint folder, or a hub id "
+              "org/name (default: the registry's default model).")
+
+
 @main.command()
 @click.argument("requests", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path))
-@click.option("--model", default=None, help="Registry name (default: the registry's default model).")
+@click.option("--model", default=None, help=MODEL_HELP)
 @click.option("--backend", default="llamacpp", show_default=True, help=BACKEND_HELP)
 @click.option("--quant", default=None, help=QUANT_HELP)
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
@@ -85,6 +89,8 @@ def models() -> None:
 @click.option("--backend-option", "backend_option", multiple=True, metavar="KEY=VALUE",
               help="A typed backend option, repeatable (e.g. kv_type=f16, flash_attn=on for llamacpp; "
                    "share_prefixes=false for onnx).")
+@click.option("--n-ctx", default=None, type=click.IntRange(min=16),
+              help="llama.cpp context size in tokens (default 4096; the same as --backend-option n_ctx=N).")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0),
               help="Also write the K most likely tokens (id, text, log-prob) at every scored position.")
 @click.option("--format", "out_format", default="jsonl", show_default=True,
@@ -96,15 +102,15 @@ def models() -> None:
                    "(prefix).")
 @_friendly
 def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_path, threads, exclude_end_of_turn,
-          chunk_size, resume, on_error, backend_option, top_k, out_format, ban) -> None:
+          chunk_size, resume, on_error, backend_option, n_ctx, top_k, out_format, ban) -> None:
     """Score each candidate continuation of every request in REQUESTS (JSONL, '-': stdin) and write OUT, with the
     run's metadata (model, backend, quant, weights, versions, tokenizer hash, command) in OUT.meta.json."""
     from fastscore import outputs, provenance, tables
     from fastscore.backends.options import parse_options
     from fastscore.registry import default_model
     from fastscore.requests_io import score_file
-    from fastscore.resolve import model_source, validate
-    from fastscore.session import default_quant, open_scorer
+    from fastscore.resolve import default_quant_of, model_source, validate
+    from fastscore.session import open_scorer
 
     # Everything that can be refused is refused before the model loads and before anything is written.
     tables.check_format(out_format)
@@ -119,10 +125,10 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
         outputs.ensure_parent(out)
         outputs.refuse_unresumed_partial(out, resume)
     model = model or default_model()
-    quant = quant or default_quant(model, backend)
+    quant = quant or default_quant_of(model, backend)
     validate(backend, quant)
     model_source(model, hf_path)
-    options = parse_options(backend, backend_option)
+    options = parse_options(backend, [*backend_option, *([f"n_ctx={n_ctx}"] if n_ctx else [])])
     with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads, backend_options=options,
                      progress=True, include_end_of_turn=not exclude_end_of_turn, top_k=top_k) as scorer:
         summary = score_file(scorer, requests, out, generate=generate, max_new_tokens=max_new_tokens,

@@ -1,6 +1,8 @@
 """Turn `--model NAME --backend B --quant Q` into a local artefact, converting on first use.
 
-`model` is a registry name (or its hub id) or the path of a local HF checkpoint folder. Artefacts live in the cache
+`model` is a registry name (or its hub id), the path of a local HF checkpoint folder, the path of a local GGUF file
+(scored on llama.cpp as it is, with the tokenizer rebuilt from its own metadata), or any hub id "org/name" (fetched
+from the hub, or its local cache; a clear error offline). Artefacts live in the cache
 (fastscore.cache) as one folder per variant: "tokenizer", "hf-fp32", "gguf-<quant>" (model.gguf inside),
 "onnx-fp32", "onnx-int8". The embedded model's q4_1 GGUF is the shipped file itself.
 """
@@ -14,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from fastscore import cache, registry
-from fastscore.errors import ArtefactUnavailableError
+from fastscore.errors import ArtefactUnavailableError, UnknownQuantError, UnsupportedError
 from fastscore.variants import validate, variant_name  # noqa: F401  (the conversion pipeline imports them here)
 
 
@@ -43,7 +45,8 @@ class ModelSource:
     key: str  # its folder in the cache
     entry: registry.ModelEntry | None = None
     local_dir: Path | None = None  # a local HF checkpoint folder given by the user
-    embedded_gguf: Path | None = None
+    embedded_gguf: Path | None = None  # a shipped GGUF, or a local GGUF file given by the user (entry None)
+    hub_repo: str | None = None  # a hub id outside the registry
 
     @property
     def chat_template_kwargs(self) -> Mapping:
@@ -51,16 +54,43 @@ class ModelSource:
 
     @property
     def hub_id(self) -> str | None:
-        return self.entry.hub_id if self.entry else None
+        return self.entry.hub_id if self.entry else self.hub_repo
+
+    @property
+    def local_gguf(self) -> Path | None:
+        return self.embedded_gguf if self.entry is None else None
 
 
 def local_key(folder: Path) -> str:
-    """Cache key of a local HF folder: its name plus a short hash of its absolute path and config."""
+    """Cache key of a local HF folder (a GGUF file): its name plus a short hash of its absolute path and config
+    (the file's size and modification time)."""
     folder = Path(folder).expanduser().resolve()
     config = folder / "config.json"
     digest = hashlib.sha256(str(folder).encode())
     digest.update(config.read_bytes() if config.is_file() else b"")
+    if folder.is_file():
+        digest.update(f"{folder.stat().st_size}:{folder.stat().st_mtime_ns}".encode())
     return f"{folder.name}-{digest.hexdigest()[:10]}"
+
+
+def gguf_quant(path: Path) -> str:
+    """The quant name (as --quant spells it) of a GGUF file's weights, read from its general.file_type."""
+    from fastscore.deps import require
+    from fastscore.variants import VARIANTS
+
+    gguf = require("gguf", "tokenizer")
+    field = gguf.GGUFReader(str(path)).fields.get("general.file_type")
+    if field is None:
+        raise UnknownQuantError(f"{path} does not record its weights type (general.file_type)")
+    name = gguf.LlamaFileType(int(field.parts[field.data[0]][0])).name
+    for variant in VARIANTS:
+        if variant.backend == "llamacpp" and variant.file_type == name:
+            return variant.quant
+    return name.removeprefix("MOSTLY_").lower()
+
+
+def is_hub_id(model: str) -> bool:
+    return model.count("/") == 1 and not model.startswith((".", "/", "~")) and all(model.split("/"))
 
 
 def _checked_hf_folder(folder: Path) -> Path:
@@ -81,6 +111,13 @@ def model_source(model: str, hf_path: Path | None = None) -> ModelSource:
     if model not in names and Path(model).expanduser().is_dir():
         folder = _checked_hf_folder(Path(model))
         return ModelSource(name=model, key=local_key(folder), local_dir=folder)
+    if model not in names and model.endswith(".gguf"):
+        path = Path(model).expanduser()
+        if not path.is_file():
+            raise ArtefactUnavailableError(f"GGUF file {model} not found")
+        return ModelSource(name=model, key=local_key(path), embedded_gguf=path.resolve())
+    if model not in names and is_hub_id(model) and not Path(model).exists():
+        return ModelSource(name=model, key=model.replace("/", "--"), hub_repo=model)
     entry = _registry_entry(model)  # raises UnknownModelError with a suggestion
     if hf_path is not None:
         folder = _checked_hf_folder(hf_path)
@@ -98,9 +135,42 @@ def resolve(model: str, backend: str, quant: str, *, hf_path: Path | None = None
     """The local artefact for (model, backend, quant), converted (and checked) on first use, instant afterwards."""
     source = model_source(model, hf_path)
     validate(backend, quant)
+    if source.local_gguf is not None:
+        return _local_gguf_artefact(source, backend, quant, progress)
     from fastscore.conversion.pipeline import build_artefact
 
     return build_artefact(source, backend, quant, progress=progress)
+
+
+def _local_gguf_artefact(source: ModelSource, backend: str, quant: str, progress: bool) -> Artefact:
+    """A GGUF file the user gave: scored by llama.cpp as it is; only its tokenizer folder is built (and cached)."""
+    from fastscore.conversion.pipeline import Stages, tokenizer_dir
+
+    path = source.local_gguf
+    if backend != "llamacpp":
+        raise UnsupportedError(f"a local GGUF file runs on the llamacpp backend only; for {backend}, give the HF "
+                               "checkpoint folder it was made from as --model")
+    held = gguf_quant(path)
+    if quant != held:
+        raise UnknownQuantError(f"{path.name} holds {held} weights and is scored as it is: pass --quant {held} "
+                                "(or leave --quant out)")
+    stages = Stages(0, f"preparing {path.name}", progress)
+    try:
+        tok = tokenizer_dir(source, stages)
+    finally:
+        stages.close()
+    return Artefact(model=source.name, backend=backend, quant=quant, path=path, tokenizer_dir=tok,
+                    weights_note=f"the local GGUF {path} ({held}), as given",
+                    tokenizer_repair=f"rm -r {cache.home() / source.key} (rebuilt on the next run)")
+
+
+def default_quant_of(model: str, backend: str) -> str:
+    """A local GGUF file's own type on llama.cpp; else the session's default for the model and backend."""
+    if backend == "llamacpp" and model.endswith(".gguf") and Path(model).expanduser().is_file():
+        return gguf_quant(Path(model).expanduser())
+    from fastscore.session import default_quant
+
+    return default_quant(model, backend)
 
 
 def local_variants(model: str) -> list[str]:
