@@ -52,6 +52,7 @@ class BenchOptions:
     sgemm_n: int = 2048
     seed: int = 0
     conditions: tuple[str, ...] | None = None  # None: every study condition
+    requests: Path | None = None  # a user's scoring file instead of the study's items
 
     def configs(self) -> list[tuple[str, str]]:
         chosen = [(b, q) for b, q in DEFAULT_CONFIGS if b in self.backends and (self.quants is None or q in self.quants)]
@@ -111,7 +112,12 @@ def run_bench(opts: BenchOptions, scratch_dir: Path | None = None) -> dict:
     if not opts.skip_reference:
         needed.append(("reference", "fp32"))
     # The data is read before any conversion starts: a wrong --data fails in a second, not after minutes.
-    workload = build_workload(opts.data_dir, opts.items_per_env, opts.envs, opts.seed, opts.conditions)
+    if opts.requests is not None:
+        from fastscore.bench.workload import workload_from_requests
+
+        workload = workload_from_requests(opts.requests)
+    else:
+        workload = build_workload(opts.data_dir, opts.items_per_env, opts.envs, opts.seed, opts.conditions)
     artefacts = _resolve_all(opts.model, needed)
     common = {"model": opts.model, "threads": opts.threads, "repeats": opts.repeats}
     with tempfile.TemporaryDirectory(prefix="fastscore-bench-", dir=scratch_dir) as tmp:

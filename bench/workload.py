@@ -75,6 +75,24 @@ def build_workload(data_dir: Path, items_per_env: int, envs: Sequence[str] = ENV
     return Workload(tuple(sets), tuple(envs), items_per_env, seed, n_items)
 
 
+def workload_from_requests(path: Path) -> Workload:
+    """A user's scoring file (fastscore score's input) as the workload: chat requests, each with its candidates."""
+    from fastscore.errors import RequestError
+    from fastscore.requests_io import read_requests
+
+    sets = []
+    for record in read_requests(path):
+        if record.prompt is not None or record.tools or any(m.tool_calls or m.name or m.tool_call_id
+                                                            for m in record.messages):
+            raise RequestError("bench --requests takes chat requests of role/content messages (no raw-text prompt, "
+                               "tools or tool calls)", line=record.line, request_id=record.id)
+        sets.append(record.candidate_set())
+    if not sets:
+        raise RequestError(f"{path} holds no requests")
+    log.info("workload from %s: %d contexts, %d requests", path, len(sets), sum(len(s.candidates) for s in sets))
+    return Workload(tuple(sets), ("requests",), 0, 0, len(sets))
+
+
 # ---------------------------------------------------------------- token-level facts of a request list
 
 

@@ -221,10 +221,12 @@ def _bench_list(value: str | None) -> tuple[str, ...] | None:
 @click.option("--conditions", default=None, help="Subset of study conditions in the workload (default: all).")
 @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the JSON figures to this file.")
+@click.option("--requests", "requests", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Benchmark on this scoring file (fastscore score's input) instead of the study's items.")
 @_friendly
 def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_reference, best, pp_tokens,
           per_request_repeats, reference_repeats, per_request_limit, greedy_batches, new_tokens, greedy_repeats, sgemm_n,
-          conditions, json_out) -> None:
+          conditions, json_out, requests) -> None:
     """Benchmark every backend side by side on the same study requests: a table, then one JSON line."""
     import os
 
@@ -244,6 +246,7 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
         skip_reference=skip_reference, best=best, pp_tokens=pp_tokens, per_request_repeats=per_request_repeats,
         per_request_limit=per_request_limit, reference_repeats=reference_repeats, greedy_batches=tuple(int(b) for b in _bench_list(greedy_batches)),
         new_tokens=new_tokens, greedy_repeats=greedy_repeats, sgemm_n=sgemm_n, conditions=_bench_list(conditions),
+        requests=requests,
     )  # fmt: skip
     summary = run_bench(opts)
     click.echo(render(summary))
@@ -267,11 +270,26 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
 @click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
+@click.option("--requests", "requests", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Check on this scoring file (fastscore score's input) instead of the study's items: per-token "
+                   "and per-candidate differences, argmax changes and contrast sign flips against the reference.")
 @_friendly
-def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot) -> None:
+def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot, requests) -> None:
     """Score the same study items under every quantised variant and compare each with the fp32 reference."""
     from fastscore.study.quantcheck.run import DEFAULT_VARIANTS, QuantCheckConfig, parse_variants, run_quant_check
     from fastscore.registry import default_model
+
+    if requests is not None:
+        from fastscore.quant_requests import quant_check_requests
+
+        chosen = parse_variants(variants) if variants else DEFAULT_VARIANTS
+        results = quant_check_requests(requests, model or default_model(), [(v.backend, v.quant) for v in chosen],
+                                       out, threads=threads, progress=True)
+        for label, comparison in results.items():
+            click.echo(f"{label}: best candidate changed {comparison.candidate_argmax_changes.line()}; "
+                       f"contrast sign flips {comparison.contrast_sign_flips.line()}")
+        click.echo(f"results in {out}/ (quant.md, quant.json, one scores file per variant)")
+        return
 
     config = QuantCheckConfig(
         model=model or default_model(), out_dir=out, data_dir=data, envs=_bench_list(envs), limit=limit,
