@@ -7,7 +7,7 @@ DATA ?= ../shared/data
 STUDY_OUT ?= study-out
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install bubblewrap test test-all study clean
+.PHONY: install bubblewrap chromium test test-all study clean
 
 # The stamp is rewritten only after every step succeeded, so an interrupted install is redone next time.
 $(VENV)/.installed: pyproject.toml Makefile
@@ -38,14 +38,25 @@ bubblewrap:
 	    echo "bubblewrap is missing; install it with: sudo apt-get install -y bubblewrap" >&2; exit 1; \
 	  fi; }
 
-test: install
+# The report.html test renders the page in a real headless browser: Debian's chromium, installed like bubblewrap.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium || \
+	      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; \
+	  else \
+	    echo "chromium is missing (the report.html test skips); install it with: sudo apt-get install -y chromium" >&2; \
+	  fi; }
+
+test: install chromium
 	$(PY) -m pytest -m "not slow" -q
 
-test-all: install
+test-all: install chromium
 	$(PY) -m pytest -q
 
 study: install
 	$(VENV)/bin/fastscore study --data $(DATA) --out $(STUDY_OUT)
+	$(VENV)/bin/fastscore report-html $(STUDY_OUT)
 
 clean:
 	rm -rf $(VENV) $(STUDY_OUT)

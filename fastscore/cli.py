@@ -193,6 +193,27 @@ def study(model, backend, quant, envs, limit, seed, failures, out, data, resume,
     click.echo(f"results in {outcome.out_dir}/ (report.md, summary.json, scores.jsonl, plots)")
 
 
+@main.command("report-html")
+@click.argument("study_out", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
+@click.option("--rescore", is_flag=True, help="Recompute tokens.jsonl even if present.")
+@_friendly
+def report_html(study_out, threads, rescore) -> None:
+    """Write STUDY_OUT/report.html: summary tables, plots and a per-item explorer of the failed action's tokens
+    (their log-probs before and after the failure record are scored once into tokens.jsonl, with the study's model)."""
+    from fastscore.study.report_html import TOKENS_FILE, build_report_html, write_token_changes
+
+    if rescore or not (study_out / TOKENS_FILE).is_file():
+        from fastscore.session import open_scorer
+
+        config = json.loads((study_out / "config.json").read_text(encoding="utf-8"))
+        hf_path = Path(config["hf_path"]) if config.get("hf_path") else None
+        with open_scorer(config["model"], config["backend"], config["quant"], hf_path=hf_path, n_threads=threads,
+                         progress=True) as scorer:
+            write_token_changes(study_out, scorer)
+    click.echo(f"wrote {build_report_html(study_out)}")
+
+
 def _bench_list(value: str | None) -> tuple[str, ...] | None:
     return None if value is None else tuple(v.strip() for v in value.split(",") if v.strip())
 

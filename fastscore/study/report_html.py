@@ -1,0 +1,224 @@
+"""report.html: one self-contained page (no network, no external file) beside a study's report.md.
+
+It holds the summary tables, the study's plots (its PNGs, inlined), and a per-item explorer: the failed action's
+tokens coloured by how much more (red) or less (blue) likely each became between `before` and `after` — so one sees
+whether the inversion sits in the tokens the mutation edited or in the ones copied from the correct call.
+
+It reads the study's output files only, and few of their keys (the contract with fastscore/study/, kept small):
+- summary.json: for each top-level key whose value has a "conditions" mapping (an environment), every
+  condition's statistics that are {"mean", "lo", "hi"} records; the rest is ignored, so metrics may be added or
+  renamed without touching this module.
+- items.jsonl: "item_id", "env", "task", "failed_action", "error_message", "failure_kind".
+- config.json: "model", "backend", "quant", "envs", "data_dir", "hf_path" (for the token step below).
+- *.png in the folder: the plots, in file-name order.
+- tokens.jsonl, written by `write_token_changes` (the one step that needs the model): per item the failed action's
+  token pieces and their log-probs under `before` and `after`, scored by fastscore as the study scores them.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from fastscore.errors import DataError
+from fastscore.outputs import write_text_atomic
+
+log = logging.getLogger(__name__)
+
+TOKENS_FILE = "tokens.jsonl"
+HTML_FILE = "report.html"
+CONDITIONS = ("before", "after")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    try:
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except ValueError as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+
+
+def write_token_changes(out_dir: Path, scorer, items: Sequence[dict[str, Any]] | None = None) -> Path:
+    """Score each item's failed action under `before` and `after` token by token; write tokens.jsonl."""
+    from fastscore.records import ScoreRequest
+    from fastscore.study.conditions import render_conditions
+    from fastscore.study.envs import open_envs
+    from fastscore.study.items import Item
+
+    out_dir = Path(out_dir)
+    config = _read_json(out_dir / "config.json")
+    raw_items = items if items is not None else _read_jsonl(out_dir / "items.jsonl")
+    parsed = [Item.from_json(json.dumps(raw)) for raw in raw_items]
+    envs = open_envs(sorted({item.env for item in parsed}), Path(config["data_dir"]))
+    requests = []
+    for item in parsed:
+        for context in render_conditions(item, envs[item.env], CONDITIONS):
+            requests.append(ScoreRequest(f"{item.item_id}::{context.condition}", context.messages,
+                                         item.failed_action))
+    results = iter(scorer.score(requests))
+    lines = []
+    for item in parsed:
+        before, after = next(results), next(results)
+        lines.append({"item_id": item.item_id, "env": item.env, "token_texts": list(before.token_texts),
+                      "before": list(before.token_logprobs), "after": list(after.token_logprobs)})
+    path = out_dir / TOKENS_FILE
+    write_text_atomic(path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    return path
+
+
+def _summary_tables(summary: dict[str, Any]) -> str:
+    parts = []
+    for env, block in summary.items():
+        conditions = block.get("conditions") if isinstance(block, dict) else None
+        if not isinstance(conditions, dict):
+            continue
+        stats = list(dict.fromkeys(name for cond in conditions.values() if isinstance(cond, dict)
+                                   for name, value in cond.items()
+                                   if isinstance(value, dict) and {"mean", "lo", "hi"} <= set(value)))
+        head = "".join(f"<th>{html.escape(s)}</th>" for s in stats)
+        rows = []
+        for cond, values in conditions.items():
+            cells = []
+            for name in stats:
+                value = values.get(name) if isinstance(values, dict) else None
+                cells.append("<td>-</td>" if not isinstance(value, dict) or value.get("mean") is None else
+                             f"<td>{value['mean']:.3g} <small>[{_num(value.get('lo'))}, {_num(value.get('hi'))}]"
+                             "</small></td>")
+            rows.append(f"<tr><th>{html.escape(cond)}</th>{''.join(cells)}</tr>")
+        parts.append(f"<h3>{html.escape(env)}</h3><table class='summary' data-env='{html.escape(env)}'>"
+                     f"<tr><th>condition</th>{head}</tr>{''.join(rows)}</table>")
+    return "\n".join(parts) or "<p>No summary tables (summary.json has no environment with conditions).</p>"
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _plots(out_dir: Path) -> str:
+    figures = []
+    for png in sorted(out_dir.glob("*.png")):
+        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        figures.append(f"<figure><img alt='{html.escape(png.stem)}' src='data:image/png;base64,{data}'>"
+                       f"<figcaption>{html.escape(png.name)}</figcaption></figure>")
+    return "\n".join(figures) or "<p>No plots in this folder.</p>"
+
+
+def _explorer_data(items: list[dict[str, Any]], tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_id = {t["item_id"]: t for t in tokens}
+    out = []
+    for item in items:
+        token = by_id.get(item["item_id"])
+        if token is None:
+            continue
+        out.append({"id": item["item_id"], "env": item.get("env", ""), "kind": item.get("failure_kind", ""),
+                    "task": item.get("task", ""), "action": item.get("failed_action", ""),
+                    "error": item.get("error_message", ""), "tokens": token["token_texts"],
+                    "before": token["before"], "after": token["after"]})
+    return out
+
+
+def build_report_html(out_dir: Path) -> Path:
+    """Write out_dir/report.html from the study's files (tokens.jsonl for the explorer, if present)."""
+    out_dir = Path(out_dir)
+    summary = _read_json(out_dir / "summary.json")
+    config = _read_json(out_dir / "config.json") if (out_dir / "config.json").is_file() else {}
+    explorer = _explorer_data(_read_jsonl(out_dir / "items.jsonl"), _read_jsonl(out_dir / TOKENS_FILE))
+    title = f"fastscore study: {config.get('model', '?')} [{config.get('backend', '?')}, {config.get('quant', '?')}]"
+    data = json.dumps(explorer, ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside the script
+    page = (_TEMPLATE.replace("%TITLE%", html.escape(title))
+            .replace("%TABLES%", _summary_tables(summary))
+            .replace("%PLOTS%", _plots(out_dir))
+            .replace("%DATA%", data))
+    path = out_dir / HTML_FILE
+    write_text_atomic(path, page)
+    return path
+
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>%TITLE%</title>
+<style>
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em; }
+td, th { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: right; }
+th:first-child { text-align: left; }
+figure { display: inline-block; margin: 0.5em; } figure img { max-width: 560px; }
+#tokens { font-family: monospace; white-space: pre-wrap; line-height: 2; font-size: 1.05em; }
+.tok { border-radius: 3px; padding: 0.1em 0; outline: 1px solid #eee; }
+.legend span { padding: 0 0.5em; } pre { white-space: pre-wrap; background: #f6f6f6; padding: 0.5em; }
+</style></head><body>
+<h1>%TITLE%</h1>
+<h2>Summary</h2>
+<p>Mean [95% interval] per condition, from summary.json.</p>
+%TABLES%
+<h2>Plots</h2>
+%PLOTS%
+<h2>Per-item explorer</h2>
+<p class="legend">The failed action's tokens, coloured by log p(after) &minus; log p(before) per token:
+<span style="background:#e74c3c;color:#fff">more likely after the failure record</span>
+<span style="background:#3498db;color:#fff">less likely</span> (hover a token for its numbers).</p>
+<div id="explorer">
+<label>item <select id="item-select"></select></label>
+<button id="prev">&larr;</button><button id="next">&rarr;</button>
+<h3 id="item-title"></h3>
+<p id="item-sum"></p>
+<div id="tokens"></div>
+<h4>error message</h4><pre id="item-error"></pre>
+<h4>task</h4><pre id="item-task"></pre>
+</div>
+<script id="explorer-data" type="application/json">%DATA%</script>
+<script>
+const items = JSON.parse(document.getElementById("explorer-data").textContent);
+const select = document.getElementById("item-select");
+items.forEach((item, k) => { const o = document.createElement("option"); o.value = k;
+  o.textContent = item.id + " (" + item.env + ")"; select.appendChild(o); });
+function colour(delta) {
+  const a = Math.min(Math.abs(delta) / 5, 1);
+  return delta >= 0 ? `rgba(231,76,60,${a})` : `rgba(52,152,219,${a})`;
+}
+function show(k) {
+  if (!items.length) { document.getElementById("item-title").textContent = "no token data (tokens.jsonl)"; return; }
+  k = (k + items.length) % items.length; select.value = k;
+  const item = items[k], box = document.getElementById("tokens");
+  document.getElementById("item-title").textContent = item.id + " \u2014 " + item.env + " \u2014 " + item.kind;
+  box.replaceChildren();
+  let total = 0;
+  item.tokens.forEach((text, i) => {
+    const delta = item.after[i] - item.before[i]; total += delta;
+    const span = document.createElement("span");
+    span.className = "tok"; span.textContent = text; span.dataset.delta = delta.toFixed(4);
+    span.style.background = colour(delta);
+    span.title = `before ${item.before[i].toFixed(3)}  after ${item.after[i].toFixed(3)}  change ${delta.toFixed(3)}`;
+    box.appendChild(span);
+  });
+  document.getElementById("item-sum").textContent =
+    `${item.tokens.length} tokens; summed change (log p(after) \u2212 log p(before)): ${total.toFixed(2)} nats`;
+  document.getElementById("item-error").textContent = item.error;
+  document.getElementById("item-task").textContent = item.task;
+  document.body.dataset.shownItem = item.id;
+}
+function fromHash() {
+  const id = decodeURIComponent((location.hash.match(/item=([^&]*)/) || [])[1] || "");
+  const k = items.findIndex(item => item.id === id);
+  show(k >= 0 ? k : 0);
+}
+select.addEventListener("change", () => show(Number(select.value)));
+document.getElementById("prev").addEventListener("click", () => show(Number(select.value) - 1));
+document.getElementById("next").addEventListener("click", () => show(Number(select.value) + 1));
+window.addEventListener("hashchange", fromHash);
+fromHash();
+</script>
+</body></html>
+"""

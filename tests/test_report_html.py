@@ -1,0 +1,86 @@
+"""report.html: built from a study folder's files, self-contained, and rendered in a real headless chromium (the
+explorer shows an item's tokens and switches to another item)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import asdict
+
+import pytest
+
+from fastscore.session import open_scorer
+from fastscore.study.envs import items_for_envs, open_envs
+from fastscore.study.report_html import TOKENS_FILE, build_report_html, write_token_changes
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SUMMARY = {"tools": {"n_items": 3, "conditions": {
+    "before": {"p_repeat": {"mean": 0.02, "lo": 0.0, "hi": 0.05, "n": 3}},
+    "after": {"gain": {"mean": -32.1, "lo": -36.8, "hi": -27.4, "n": 3}, "p_repeat": {"mean": 0.76, "lo": 0.6,
+                                                                                        "hi": 0.9, "n": 3}}}},
+    "bootstrap": {"n_boot": 10}}
+
+
+@pytest.fixture(scope="module")
+def study_folder(tmp_path_factory, study_data, smollm_artefact):
+    pytest.importorskip("llama_cpp")
+    smollm_artefact("llamacpp", "q4_1")
+    folder = tmp_path_factory.mktemp("study")
+    items, _ = items_for_envs(open_envs(["tools"], study_data), 3, 0)
+    (folder / "items.jsonl").write_text("".join(json.dumps(asdict(item)) + "\n" for item in items))
+    (folder / "config.json").write_text(json.dumps({"model": "smollm2-135m-instruct", "backend": "llamacpp",
+                                                    "quant": "q4_1", "envs": ["tools"], "data_dir": str(study_data),
+                                                    "hf_path": None}))
+    (folder / "summary.json").write_text(json.dumps(SUMMARY))
+    with open_scorer("smollm2-135m-instruct", "llamacpp", "q4_1", n_threads=2) as scorer:
+        write_token_changes(folder, scorer)
+    return folder, items
+
+
+def test_token_changes_cover_the_failed_action_token_by_token(study_folder):
+    folder, items = study_folder
+    lines = [json.loads(t) for t in (folder / TOKENS_FILE).read_text().splitlines()]
+    assert [line["item_id"] for line in lines] == [item.item_id for item in items]
+    for line, item in zip(lines, items, strict=True):
+        assert len(line["token_texts"]) == len(line["before"]) == len(line["after"])
+        assert "".join(line["token_texts"][:-1]) == item.failed_action and line["token_texts"][-1] == "<|im_end|>"
+        assert line["before"] != line["after"]  # the failure record changes the action's log-probs
+
+
+def test_report_html_is_self_contained_with_tables_and_explorer_data(study_folder):
+    folder, items = study_folder
+    page = build_report_html(folder).read_text()
+    assert not re.search(r"""(src|href)=["']?https?:""", page)  # nothing fetched from the network
+    assert "data-env='tools'" in page and "-32.1" in page and "p_repeat" in page
+    data = json.loads(re.search(r'<script id="explorer-data" type="application/json">(.*?)</script>', page,
+                                re.S).group(1))
+    assert [d["id"] for d in data] == [item.item_id for item in items]
+
+
+def _chromium(*args, profile):
+    return subprocess.run(["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_the_explorer_renders_and_switches_items_in_a_headless_browser(study_folder, tmp_path):
+    if shutil.which("chromium") is None:
+        pytest.skip("chromium is not installed (make test installs it: apt-get install chromium)")
+    folder, items = study_folder
+    page = build_report_html(folder)
+    tokens = {json.loads(t)["item_id"]: json.loads(t) for t in (folder / TOKENS_FILE).read_text().splitlines()}
+    for k, item in ((0, items[0]), (2, items[2])):
+        url = page.as_uri() + ("" if k == 0 else f"#item={item.item_id}")
+        dom = _chromium("--dump-dom", url, profile=tmp_path / f"profile{k}").stdout
+        assert f'data-shown-item="{item.item_id}"' in dom, dom[-2000:]
+        spans = re.findall(r'<span class="tok" data-delta="(-?[0-9.]+)"', dom)
+        expected = [a - b for a, b in zip(tokens[item.item_id]["after"], tokens[item.item_id]["before"])]
+        assert [float(s) for s in spans] == pytest.approx(expected, abs=1e-4)
+        assert "summed change" in dom
+    shot = tmp_path / "report.png"
+    _chromium(f"--screenshot={shot}", "--window-size=1280,2400", page.as_uri() + f"#item={items[1].item_id}",
+              profile=tmp_path / "profile-shot")
+    assert shot.is_file() and shot.stat().st_size > 10_000
+    print("screenshot:", shot)
