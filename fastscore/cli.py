@@ -30,6 +30,25 @@ def _one_line(exc: BaseException) -> str:
     return "; ".join(parts + list(getattr(exc, "__notes__", ())))
 
 
+def _command_line() -> str:
+    """The current command as typed (its arguments and the options given on the command line), for provenance."""
+    ctx = click.get_current_context()
+    words = ["fastscore", *ctx.command_path.split()[1:]]
+    for param in ctx.command.params:
+        if ctx.get_parameter_source(param.name) != click.core.ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[param.name]
+        values = value if isinstance(value, (tuple, list)) else [value]
+        for one in values:
+            if isinstance(param, click.Argument):
+                words.append(str(one))
+            elif getattr(param, "is_flag", False):
+                words.append(param.opts[-1])
+            else:
+                words += [param.opts[-1], str(one)]
+    return " ".join(words)
+
+
 def _friendly(func):
     """Turn library errors into a one-line message and the error's exit code: no traceback for user error."""
 
@@ -134,8 +153,7 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
         summary = score_file(scorer, requests, out, generate=generate, max_new_tokens=max_new_tokens,
                              chunk_size=chunk_size, resume=resume, on_error=on_error, ban_prefix=ban == "prefix")
         meta = provenance.run_metadata(scorer, model=model, backend=backend, quant=quant, backend_options=options,
-                                       command=" ".join(["fastscore", *sys.argv[1:]]),
-                                       extra={"requests": str(requests), "format": out_format})
+                                       command=_command_line(), extra={"requests": str(requests), "format": out_format})
     if table_out is not None:
         tables.write_table(tables.read_rows(out), table_out, out_format)
         summary = dataclasses.replace(summary, out=table_out)
@@ -305,7 +323,7 @@ def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot, 
 
         chosen = parse_variants(variants) if variants else DEFAULT_VARIANTS
         results = quant_check_requests(requests, model or default_model(), [(v.backend, v.quant) for v in chosen],
-                                       out, threads=threads, progress=True)
+                                       out, threads=threads, progress=True, command=_command_line())
         for label, comparison in results.items():
             click.echo(f"{label}: best candidate changed {comparison.candidate_argmax_changes.line()}; "
                        f"contrast sign flips {comparison.contrast_sign_flips.line()}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,14 +22,14 @@ REFERENCE = ("reference", "fp32")
 
 
 def _score(requests: Path, model: str, backend: str, quant: str, out: Path, threads: int | None,
-           progress: bool) -> Path:
+           progress: bool, command: str) -> Path:
     from fastscore.requests_io import score_file
     from fastscore.session import open_scorer
 
     with open_scorer(model, backend, quant, n_threads=threads, progress=progress) as scorer:
         score_file(scorer, requests, out, progress=progress)
         meta = provenance.run_metadata(scorer, model=model, backend=backend, quant=quant,
-                                       command=" ".join(["fastscore", *sys.argv[1:]]))
+                                       command=command)
     outputs.write_text_atomic(provenance.meta_path(out), json.dumps(meta, indent=1) + "\n")
     return out
 
@@ -48,7 +47,8 @@ def _markdown(model: str, requests: Path, results: dict[str, Comparison]) -> str
 
 
 def quant_check_requests(requests: Path, model: str, variants: Sequence[tuple[str, str]], out_dir: Path, *,
-                         threads: int | None = None, progress: bool = False) -> dict[str, Comparison]:
+                         threads: int | None = None, progress: bool = False, command: str = ""
+                         ) -> dict[str, Comparison]:
     """Score `requests` with the reference and each (backend, quant); compare each with the reference."""
     from fastscore.requests_io import read_requests
 
@@ -56,10 +56,11 @@ def quant_check_requests(requests: Path, model: str, variants: Sequence[tuple[st
         pass
     out_dir = Path(out_dir)
     with outputs.OutDirLock(out_dir):
-        reference = _score(requests, model, *REFERENCE, out_dir / "reference-fp32.jsonl", threads, progress)
+        reference = _score(requests, model, *REFERENCE, out_dir / "reference-fp32.jsonl", threads, progress, command)
         results = {}
         for backend, quant in variants:
-            scored = _score(requests, model, backend, quant, out_dir / f"{backend}-{quant}.jsonl", threads, progress)
+            scored = _score(requests, model, backend, quant, out_dir / f"{backend}-{quant}.jsonl", threads, progress,
+                            command)
             results[f"{backend}:{quant}"] = compare_files(reference, scored)
             log.info("%s:%s compared with the reference", backend, quant)
         outputs.write_text_atomic(out_dir / "quant.json", json.dumps(

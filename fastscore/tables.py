@@ -27,7 +27,7 @@ def flatten(line: Mapping[str, Any]) -> list[dict[str, Any]]:
     greedy = {f"greedy_{k}": v for k, v in (line.get("greedy") or {}).items()}
     extra = {k: v for k, v in line.items() if k not in ("id", "candidates", "greedy")}
     for candidate in line["candidates"]:
-        row = {"id": line["id"], "index": candidate["index"]}
+        row = {"id": str(line["id"]), "index": candidate["index"]}  # ids may mix ints and strings: one type
         row["text"] = candidate["text"] if "text" in candidate else candidate["continuation"]
         row |= {k: v for k, v in candidate.items() if k not in ("index", "text", "continuation", "request_id")}
         rows.append(row | extra | greedy)
