@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -12,7 +11,7 @@ from pathlib import Path
 import click
 
 from fastscore import variants
-from fastscore.errors import FastscoreError, OutputError
+from fastscore.errors import FastscoreError
 from fastscore.study.datafile import default_data_dir
 from fastscore.study.envs import ENVS
 
@@ -124,45 +123,18 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
           chunk_size, resume, on_error, backend_option, n_ctx, top_k, out_format, ban) -> None:
     """Score each candidate continuation of every request in REQUESTS (JSONL, '-': stdin) and write OUT, with the
     run's metadata (model, backend, quant, weights, versions, tokenizer hash, command) in OUT.meta.json."""
-    from fastscore import outputs, provenance, tables
-    from fastscore.backends.options import parse_options
-    from fastscore.registry import default_model
-    from fastscore.requests_io import score_file
-    from fastscore.resolve import default_quant_of, model_source, validate
-    from fastscore.session import open_scorer
+    from fastscore.score_run import run_score
 
-    # Everything that can be refused is refused before the model loads and before anything is written.
-    tables.check_format(out_format)
-    table_out = None
-    if out_format != "jsonl":
-        if outputs.is_stdio(out):
-            raise OutputError(f"--format {out_format} needs an output file, not stdout")
-        table_out, out = out, out.with_name(out.name + ".jsonl")
-        outputs.check_not_an_input(table_out, [requests])
-    if not outputs.is_stdio(out):
-        outputs.check_not_an_input(out, [requests])
-        outputs.ensure_parent(out)
-        outputs.refuse_unresumed_partial(out, resume)
-    model = model or default_model()
-    quant = quant or default_quant_of(model, backend)
-    validate(backend, quant)
-    model_source(model, hf_path)
-    options = parse_options(backend, [*backend_option, *([f"n_ctx={n_ctx}"] if n_ctx else [])])
-    with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads, backend_options=options,
-                     progress=True, include_end_of_turn=not exclude_end_of_turn, top_k=top_k) as scorer:
-        summary = score_file(scorer, requests, out, generate=generate, max_new_tokens=max_new_tokens,
-                             chunk_size=chunk_size, resume=resume, on_error=on_error, ban_prefix=ban == "prefix")
-        meta = provenance.run_metadata(scorer, model=model, backend=backend, quant=quant, backend_options=options,
-                                       command=_command_line(), extra={"requests": str(requests), "format": out_format})
-    if table_out is not None:
-        tables.write_table(tables.read_rows(out), table_out, out_format)
-        summary = dataclasses.replace(summary, out=table_out)
-    if not outputs.is_stdio(summary.out):
-        outputs.write_text_atomic(provenance.meta_path(Path(summary.out)), json.dumps(meta, indent=1) + "\n")
+    run = run_score(requests, out, model=model, backend=backend, quant=quant, hf_path=hf_path, threads=threads,
+                    include_end_of_turn=not exclude_end_of_turn, backend_options=backend_option, n_ctx=n_ctx,
+                    top_k=top_k, out_format=out_format, ban_prefix=ban == "prefix", generate=generate,
+                    max_new_tokens=max_new_tokens, chunk_size=chunk_size, resume=resume, on_error=on_error,
+                    command=_command_line())
+    summary = run.summary
     resumed = f", {summary.n_resumed} already done" if summary.n_resumed else ""
     skipped = f"; {summary.n_skipped} bad lines skipped, listed in {summary.skipped_file}" if summary.n_skipped else ""
-    click.echo(f"scored {summary.n_requests} requests ({summary.n_candidates} candidates{resumed}) with {model} "
-               f"[{backend}, {quant}; {scorer.weights_note}] -> {summary.out}{skipped}", err=True)
+    click.echo(f"scored {summary.n_requests} requests ({summary.n_candidates} candidates{resumed}) with {run.model} "
+               f"[{backend}, {run.quant}; {run.weights_note}] -> {summary.out}{skipped}", err=True)
 
 
 @main.command()
@@ -219,17 +191,9 @@ def study(model, backend, quant, envs, limit, seed, failures, out, data, resume,
 def report_html(study_out, threads, rescore) -> None:
     """Write STUDY_OUT/report.html: summary tables, plots and a per-item explorer of the failed action's tokens
     (their log-probs before and after the failure record are scored once into tokens.jsonl, with the study's model)."""
-    from fastscore.study.report_html import TOKENS_FILE, build_report_html, write_token_changes
+    from fastscore.study.report_html import write_report_html
 
-    if rescore or not (study_out / TOKENS_FILE).is_file():
-        from fastscore.session import open_scorer
-
-        config = json.loads((study_out / "config.json").read_text(encoding="utf-8"))
-        hf_path = Path(config["hf_path"]) if config.get("hf_path") else None
-        with open_scorer(config["model"], config["backend"], config["quant"], hf_path=hf_path, n_threads=threads,
-                         progress=True) as scorer:
-            write_token_changes(study_out, scorer)
-    click.echo(f"wrote {build_report_html(study_out)}")
+    click.echo(f"wrote {write_report_html(study_out, threads=threads, rescore=rescore)}")
 
 
 def _bench_list(value: str | None) -> tuple[str, ...] | None:

@@ -84,3 +84,15 @@ def test_the_explorer_renders_and_switches_items_in_a_headless_browser(study_fol
               profile=tmp_path / "profile-shot")
     assert shot.is_file() and shot.stat().st_size > 10_000
     print("screenshot:", shot)
+
+
+def test_the_cli_writes_report_html_from_an_existing_token_file(study_folder):
+    from click.testing import CliRunner
+
+    from fastscore.cli import main
+
+    folder, _ = study_folder
+    (folder / "report.html").unlink(missing_ok=True)
+    result = CliRunner().invoke(main, ["report-html", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert (folder / "report.html").is_file() and "report.html" in result.output

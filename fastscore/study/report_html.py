@@ -79,6 +79,20 @@ def write_token_changes(out_dir: Path, scorer, items: Sequence[dict[str, Any]] |
     return path
 
 
+def write_report_html(out_dir: Path, *, threads: int | None = None, rescore: bool = False) -> Path:
+    """report.html for a study folder; tokens.jsonl is scored first (with the study's model) if missing or asked."""
+    out_dir = Path(out_dir)
+    if rescore or not (out_dir / TOKENS_FILE).is_file():
+        from fastscore.session import open_scorer
+
+        config = _read_json(out_dir / "config.json")
+        hf_path = Path(config["hf_path"]) if config.get("hf_path") else None
+        with open_scorer(config["model"], config["backend"], config["quant"], hf_path=hf_path, n_threads=threads,
+                         progress=True) as scorer:
+            write_token_changes(out_dir, scorer)
+    return build_report_html(out_dir)
+
+
 def _summary_tables(summary: dict[str, Any]) -> str:
     parts = []
     for env, block in summary.items():
