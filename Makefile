@@ -27,26 +27,23 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: bubblewrap $(VENV)/.installed
 
-# MBPP programs run inside bubblewrap (README, "MBPP sandbox"): installed here where we can (root with apt-get; the
-# package lists are refreshed only if the first attempt fails), else make stops with the command to run.
-bubblewrap:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap || \
-	      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; }; \
-	  else \
-	    echo "bubblewrap is missing; install it with: sudo apt-get install -y bubblewrap" >&2; exit 1; \
-	  fi; }
+# Installs the Debian package $(1), which provides the command $(2), where we can (root with apt-get; the package
+# lists are refreshed only if the first attempt fails); else runs $(3).
+apt_install = command -v $(2) >/dev/null 2>&1 || { \
+  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(1) || \
+      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(1); }; \
+  else \
+    $(3); \
+  fi; }
 
-# The report.html test renders the page in a real headless browser: Debian's chromium, installed like bubblewrap.
+# MBPP programs run inside bubblewrap (README, "MBPP sandbox"): without it make stops with the command to run.
+bubblewrap:
+	@$(call apt_install,bubblewrap,bwrap,echo "bubblewrap is missing; install it with: sudo apt-get install -y bubblewrap" >&2; exit 1)
+
+# The report.html test renders the page in a real headless browser, Debian's chromium (without it, that test skips).
 chromium:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium || \
-	      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; \
-	  else \
-	    echo "chromium is missing (the report.html test skips); install it with: sudo apt-get install -y chromium" >&2; \
-	  fi; }
+	@$(call apt_install,chromium,chromium,echo "chromium is missing; install it with: sudo apt-get install -y chromium" >&2)
 
 test: install chromium
 	$(PY) -m pytest -m "not slow" -q
