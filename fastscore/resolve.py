@@ -154,14 +154,42 @@ def _local_gguf_artefact(source: ModelSource, backend: str, quant: str, progress
     if quant != held:
         raise UnknownQuantError(f"{path.name} holds {held} weights and is scored as it is: pass --quant {held} "
                                 "(or leave --quant out)")
-    stages = Stages(0, f"preparing {path.name}", progress)
-    try:
-        tok = tokenizer_dir(source, stages)
-    finally:
-        stages.close()
+    if _rebuildable_tokenizer(path):
+        stages = Stages(0, f"preparing {path.name}", progress)
+        try:
+            tok = tokenizer_dir(source, stages)
+        finally:
+            stages.close()
+    else:
+        tok = _llamacpp_tokenizer_dir(source)
     return Artefact(model=source.name, backend=backend, quant=quant, path=path, tokenizer_dir=tok,
                     weights_note=f"the local GGUF {path} ({held}), as given",
                     tokenizer_repair=f"rm -r {cache.home() / source.key} (rebuilt on the next run)")
+
+
+def _rebuildable_tokenizer(path: Path) -> bool:
+    """Whether fastscore can rebuild the GGUF's tokenizer for `tokenizers` (byte-level BPE, a known pre-tokenizer)."""
+    from fastscore.conversion.gguf_tokenizer import PRE_TOKENIZER_REGEXES
+    from fastscore.deps import require
+
+    reader = require("gguf", "tokenizer").GGUFReader(str(path))
+
+    def text(key: str, default: str) -> str:
+        field = reader.fields.get(key)
+        return bytes(field.parts[field.data[0]]).decode() if field is not None else default
+
+    return text("tokenizer.ggml.model", "") == "gpt2" and text("tokenizer.ggml.pre", "default") in PRE_TOKENIZER_REGEXES
+
+
+def _llamacpp_tokenizer_dir(source: ModelSource) -> Path:
+    """A tokenizer folder that points at the GGUF itself: llama.cpp's own tokenizer (fastscore.tokenizer_llamacpp)."""
+    from fastscore.tokenizer_llamacpp import write_pointer
+
+    final = cache.variant_dir(source.key, "tokenizer-llamacpp")
+    if not cache.is_complete(final):
+        with cache.atomic_dir(final) as scratch:
+            write_pointer(scratch, source.local_gguf)
+    return final
 
 
 def default_quant_of(model: str, backend: str) -> str:

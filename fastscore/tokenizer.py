@@ -95,8 +95,12 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, folder: Path | str) -> "Tokenizer":
-        tokenizers = require("tokenizers", "tokenizer")
         folder = Path(folder)
+        if not (folder / "tokenizer.json").is_file() and (folder / "llamacpp_tokenizer.json").is_file():
+            from fastscore.tokenizer_llamacpp import LlamaCppTokenizer  # a GGUF fastscore cannot rebuild
+
+            return LlamaCppTokenizer.from_pointer(folder)
+        tokenizers = require("tokenizers", "tokenizer")
         if not (folder / "tokenizer.json").is_file():
             raise TokenizationError(f"{folder} has no tokenizer.json")
         config_file = folder / "tokenizer_config.json"
