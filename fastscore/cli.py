@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from fastscore import variants
+from fastscore import __version__, variants
 from fastscore.errors import FastscoreError
 from fastscore.study.datafile import default_data_dir
 from fastscore.study.envs import ENVS
@@ -66,7 +66,7 @@ def _friendly(func):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="fastscore-cpu", prog_name="fastscore")
+@click.version_option(version=__version__, prog_name="fastscore")
 @click.option("-v", "--verbose", count=True, help="Log more (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """fastscore: teacher-forced log-probs of an agent's action under many related chat contexts."""
