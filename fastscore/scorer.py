@@ -234,7 +234,7 @@ class Scorer:
         fix = f"; rebuild it with: {self._weights_repair}" if self._weights_repair else ""
         return DamagedArtefactError(f"the weights in {self.backend.path} are damaged ({what}){fix}")
 
-    def _result(self, item: PreparedRequest, token_scores, index: int = 0) -> ScoreResult:
+    def _result(self, item: PreparedRequest, token_scores) -> ScoreResult:
         tr = item.token_request
         logprobs = np.asarray(token_scores.logprobs, dtype=np.float64)
         if logprobs.shape != (tr.n_scored,):
@@ -264,7 +264,6 @@ class Scorer:
             token_texts=tuple(piece(t) for t in ids),
             token_ranks=() if token_scores.ranks is None else tuple(int(r) for r in token_scores.ranks),
             top_k=top_k,
-            index=index,
         )
 
     def score_candidates(self, sets: Sequence[CandidateSet]) -> list[CandidateSetResult]:
