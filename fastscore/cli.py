@@ -194,6 +194,67 @@ def report_html(study_out, threads, rescore) -> None:
     from fastscore.study.report_html import write_report_html
 
     click.echo(f"wrote {write_report_html(study_out, threads=threads, rescore=rescore)}")
+class _LimitType(click.ParamType):
+    name = "N|all"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int) or value == "all":
+            return value
+        try:
+            number = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor 'all'", param, ctx)
+        if number < 1:
+            self.fail("must be at least 1", param, ctx)
+        return number
+
+
+@main.command()
+@click.option("--models", required=True, help="Comma-separated models: registry names, hub ids or local HF folders.")
+@click.option("--variants", default="f32", show_default=True,
+              help="Comma-separated weight variants, QUANT (llama.cpp) or BACKEND:QUANT, e.g. f32,q4_1,onnx:fp32.")
+@click.option("--env", "envs", default=",".join(ENVS), show_default=True, help="Comma-separated environments.")
+@click.option("--failures", default="seeded,model", show_default=True,
+              help="Comma-separated failure sources: seeded (mutated ground truth), model (its own failed attempts).")
+@click.option("--limit", default="20", show_default=True, type=_LimitType(),
+              help="Seeded items per cell (under model failures: sources examined), or 'all'.")
+@click.option("--shard-size", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Items per shard: the unit of work, of resume and of retry.")
+@click.option("--out", "out", default=Path("sweep-out"), show_default=True,
+              type=click.Path(file_okay=False, path_type=Path))
+@click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
+              callback=lambda _ctx, _param, value: value or default_data_dir())
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--resume", is_flag=True, help="Continue the sweep in --out: committed shards are kept.")
+@click.option("--ray", "ray_address", default=None, metavar="local|ADDRESS",
+              help="Run shards on Ray: 'local' starts an instance for the run; else a cluster address ('auto', "
+                   "'ray://head:10001'). Default: in this process.")
+@click.option("--workers", default=None, type=click.IntRange(min=1),
+              help="Ray workers (default: the instance's CPUs / --threads).")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads per worker.")
+@click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
+              help="Greedy token cap (default: each environment's own).")
+@click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
+@click.option("--sandbox", default="bwrap", show_default=True, type=click.Choice(["bwrap", "rlimits"]),
+              help="How MBPP programs are isolated (see `fastscore study --help`).")
+@_friendly
+def sweep(models, variants, envs, failures, limit, shard_size, out, data, seed, resume, ray_address, workers,
+          threads, max_new_tokens, n_boot, sandbox) -> None:
+    """Run the study over a grid of models x variants x environments x failure sources, resumable by shard, in this
+    process or on Ray, and write the cross-model summary (summary.md, summary.json, a plot) into --out."""
+    from fastscore.sweep.run import SweepConfig, run_sweep
+
+    config = SweepConfig(
+        models=tuple(m.strip() for m in models.split(",") if m.strip()), variants=tuple(_csv(variants)), envs=tuple(_csv(envs)),
+        failures=tuple(_csv(failures)), limit=None if limit == "all" else limit, shard_size=shard_size, seed=seed,
+        out_dir=out, data_dir=data, resume=resume, ray=ray_address, workers=workers, threads=threads,
+        max_new_tokens=max_new_tokens, n_boot=n_boot, sandbox=sandbox, command=" ".join(["fastscore", *sys.argv[1:]]),
+    )  # fmt: skip
+    outcome = run_sweep(config, progress=True)
+    for (model, variant), reason in outcome.skipped.items():
+        click.echo(f"skipped {model} ({variant}): {reason}")
+    click.echo(f"{outcome.n_shards} shards ({outcome.n_resumed} already done) in {outcome.seconds:.0f} s; "
+               f"summary in {outcome.out_dir}/summary.md")
 
 
 def _bench_list(value: str | None) -> tuple[str, ...] | None:

@@ -30,7 +30,7 @@ class MissingDependencyError(FastscoreError):
         self.package = package
         self.extra = extra
         super().__init__(
-            message or f"{package} is not installed; install the extra with: pip install 'fastscore[{extra}]'"
+            message or f"{package} is not installed; install the extra with: pip install 'fastscore-cpu[{extra}]'"
         )
 
 
@@ -119,3 +119,9 @@ class OutputError(FastscoreError):
     """An output cannot be written safely: it is an input, another run holds it, or it is not writable."""
 
     exit_code = 10
+
+
+class SweepError(FastscoreError):
+    """A sweep shard failed where it ran (a Ray worker, or a worker that kept dying); the message names the shard."""
+
+    exit_code = 11

@@ -70,6 +70,21 @@ class ModelFailureBuilder:
                 pool_size += 2 * (limit - len(items)) + 2
         return items, skipped
 
+    def build_window(self, start: int, stop: int, progress: bool = False) -> tuple[list[Item], list[Skipped]]:
+        """Items from the seeded sources [start, stop) of the environment's order that the model fails (a sweep's
+        shard: each window attempts its own sources once, so shards never redo each other's decoding)."""
+        pool, pool_skipped = self.env.build_items(stop, self.seed)
+        window = pool[start:stop]
+        items: list[Item] = []
+        skipped: list[Skipped] = list(pool_skipped) if start == 0 else []
+        with tqdm(total=len(window), desc=f"{self.name}: model's own attempts", unit="item",
+                  disable=not progress) as bar:
+            for first in range(0, len(window), ATTEMPTS_PER_CALL):
+                chunk = window[first : first + ATTEMPTS_PER_CALL]
+                items += [made for made in self._attempts(chunk, skipped) if made is not None]
+                bar.update(len(chunk))
+        return items, skipped
+
     def _attempts(self, seeded: Sequence[Item], skipped: list[Skipped]) -> Iterator[Item | None]:
         requests = {item.item_id: [GreedyRequest(item.item_id, self.env.context_messages(item))]
                     for item in seeded}

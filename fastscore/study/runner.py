@@ -62,6 +62,9 @@ class StudyConfig:
     hf_path: Path | None = None
     threads: int | None = None
     sandbox: str = "bwrap"  # MBPP programs: "bwrap" (isolated) or "rlimits" (not isolated; the report says so)
+    # Only the seeded items [start, stop) of each environment's order (under model failures: those of them the model
+    # fails): a sweep's shard. None: the first `limit` items.
+    window: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.quant is None:
@@ -85,6 +88,7 @@ class StudyConfig:
             "data_dir": str(Path(self.data_dir).resolve()),
             "max_new_tokens": {env: self.new_tokens(env) for env in self.envs},
             "hf_path": None if self.hf_path is None else str(Path(self.hf_path).resolve()),
+            "window": None if self.window is None else list(self.window),
         }
 
 
@@ -127,6 +131,8 @@ def check_config(config: StudyConfig) -> None:
         raise DataError(f"--failures must be one of {', '.join(FAILURE_SOURCES)} (got {config.failures!r})")
     if config.limit < 1:
         raise DataError(f"--limit must be at least 1 (got {config.limit})")
+    if config.window is not None and not 0 <= config.window[0] < config.window[1]:
+        raise DataError(f"an item window needs 0 <= start < stop (got {config.window})")
     if config.n_boot < 1:
         raise DataError(f"n_boot must be at least 1 (got {config.n_boot})")
     if config.max_new_tokens is not None and config.max_new_tokens < 1:
@@ -146,10 +152,21 @@ def _open_scorer(config: StudyConfig, progress: bool):
 def _build_items(config: StudyConfig, envs: Mapping[str, StudyEnv], scorer, progress: bool
                  ) -> tuple[list[Item], list[Skipped]]:
     if config.failures == "seeded":
-        return items_for_envs(envs, config.limit, config.seed)
+        if config.window is None:
+            return items_for_envs(envs, config.limit, config.seed)
+        start, stop = config.window
+
+        def seeded_window(env: StudyEnv) -> tuple[list[Item], list[Skipped]]:
+            items, skipped = env.build_items(stop, config.seed)
+            # The sources passed over belong to the whole order, not to a window: the first window counts them.
+            return items[start:stop], skipped if start == 0 else []
+
+        return items_for_envs(envs, config.limit, config.seed, build=seeded_window)
 
     def own_failures(env: StudyEnv) -> tuple[list[Item], list[Skipped]]:
         builder = ModelFailureBuilder(env, scorer, config.seed, config.new_tokens(env.name))
+        if config.window is not None:
+            return builder.build_window(*config.window, progress=progress)
         return builder.build(config.limit, progress)
 
     return items_for_envs(envs, config.limit, config.seed, build=own_failures)
@@ -160,25 +177,32 @@ def run_study(
     *,
     progress: bool = False,
     after_item: Callable[[str, str], None] | None = None,
+    scorer=None,
+    report: bool = True,
 ) -> StudyOutcome:
     """Run (or resume) the study described by `config`; `after_item(stage, item_id)` is called after each item is
-    stored (a hook for progress reporting and for tests that interrupt a run)."""
+    stored (a hook for progress reporting and for tests that interrupt a run).
+
+    `scorer`: an open scorer of the config's model and variant to use (and leave open) instead of loading one, so a
+    sweep worker loads its model once for many shards. `report=False` stops once the rows are stored (no summary,
+    report or plots): a shard may hold no item, and its sweep summarises whole cells.
+    """
     started = time.perf_counter()
     check_config(config)
     with OutDirLock(Path(config.out_dir)), contextlib.ExitStack() as isolated:
         for name in config.envs:  # before any model loads: a missing sandbox stops the run here
             isolated.enter_context(env_class(name).isolation(config.sandbox))
-        return _run_locked(config, started, progress, after_item)
+        return _run_locked(config, started, progress, after_item, scorer, report)
 
 
 def _run_locked(config: StudyConfig, started: float, progress: bool,
-                after_item: Callable[[str, str], None] | None) -> StudyOutcome:
+                after_item: Callable[[str, str], None] | None, given_scorer, report: bool) -> StudyOutcome:
     timer = StageTimer()
     store = StudyStore(Path(config.out_dir))
     store.check_resume(config.result_settings(), config.resume)
     envs = open_envs(config.envs, Path(config.data_dir), progress=progress)
     with timer("load model"):
-        scorer = _open_scorer(config, progress)
+        scorer = given_scorer if given_scorer is not None else _open_scorer(config, progress)
     try:
         # Only now, with every setting valid and the model loaded, may the previous run's files be replaced.
         resumed = store.start(config.result_settings(), config.resume)
@@ -197,12 +221,28 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
             greedy_stage(store, scorer, envs, items, config.new_tokens, progress=progress, after_item=after_item)
         weights = scorer.weights_note
     finally:
-        scorer.close()
+        if given_scorer is None:
+            scorer.close()
+    errors = [r for records in store.item_errors().load().values() for r in records]
+    if not report:  # a sweep shard: the sweep summarises its cells from the shards' rows
+        counts = {env: sum(item.env == env for item in items) for env in config.envs}
+        files = tuple(store.path(name) for name in store.existing_files())
+        return StudyOutcome(Path(config.out_dir), counts, len(errors), n_resumed, {}, dict(timer.seconds),
+                            time.perf_counter() - started, files)
     with timer("summarise"):
         rows = read_score_rows(store.path(SCORES_FILE))
         summary = summarize(rows, seed=config.seed, n_boot=config.n_boot)
         summary_path = store.write_summary(summary)
-    errors = [r for records in store.item_errors().load().values() for r in records]
+    plots, report_files = _write_report(config, store, rows, summary, weights, skipped, errors, timer, resumed)
+    total = time.perf_counter() - started
+    n_items = {env: s["n_items"] for env, s in summary.items()}
+    files = tuple(store.path(name) for name in store.existing_files()) + tuple(plots)
+    log.info("study finished in %.1f s", total)
+    return StudyOutcome(Path(config.out_dir), n_items, len(errors), n_resumed, summary, dict(timer.seconds),
+                        total, tuple(dict.fromkeys(files + (summary_path, *report_files))))
+
+
+def _write_report(config, store, rows, summary, weights, skipped, errors, timer, resumed):
     with timer("report and plots"):
         from fastscore.study.plots import write_plots
         from fastscore.study.report import report_meta, write_report
@@ -210,9 +250,4 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
         plots = write_plots(rows, summary, Path(config.out_dir))  # before the report, which links the plots
         meta = report_meta(config, weights, skipped, errors, timer.seconds, resumed)
         report = write_report(summary, Path(config.out_dir), meta)
-    total = time.perf_counter() - started
-    n_items = {env: s["n_items"] for env, s in summary.items()}
-    files = tuple(store.path(name) for name in store.existing_files()) + tuple(plots)
-    log.info("study finished in %.1f s", total)
-    return StudyOutcome(Path(config.out_dir), n_items, len(errors), n_resumed, summary, dict(timer.seconds),
-                        total, tuple(dict.fromkeys(files + (summary_path, report))))
+    return plots, (report,)

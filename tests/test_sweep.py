@@ -1,0 +1,239 @@
+"""`fastscore sweep`: the grid, shard commits and resume, the cross-model summary, and Ray (a local instance started
+inside the tests) giving the same per-item rows as the in-process run, also when a worker or the driver is killed.
+
+The grid runs on the tiny random Llama through llama.cpp f32 (exact, so rows must match byte for byte) in the tools
+environment, both failure sources, a few items in one-item shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fastscore.cli import main
+from fastscore.errors import DataError, OutputError, ResumeConfigError
+from fastscore.sweep import grid
+from fastscore.sweep.run import SweepConfig, run_sweep
+from fastscore.sweep.summary import sign_check
+
+LIMIT = 3
+MAX_NEW = 6
+
+
+# --- the grid: pure ---
+
+def test_shards_cover_each_cell_once_in_windows():
+    cell = grid.Cell("m", "llamacpp", "f32", "tools", "seeded")
+    shards = grid.shards_of(cell, 23, 10)
+    assert [(s.start, s.stop) for s in shards] == [(0, 10), (10, 20), (20, 23)]
+    assert len({s.key for s in shards}) == 3 and all(s.key.startswith(cell.key + "/") for s in shards)
+    assert grid.shards_of(cell, 0, 10) == []
+    with pytest.raises(DataError):
+        grid.shards_of(cell, 5, 0)
+
+
+def test_variants_models_and_failure_sources_are_checked():
+    assert grid.parse_variant("f32") == ("llamacpp", "f32")
+    assert grid.parse_variant("onnx:int8") == ("onnx", "int8")
+    with pytest.raises(Exception, match="q3"):
+        grid.parse_variant("q3")
+    assert grid.model_slug("smollm2-135m-instruct") == "smollm2-135m-instruct"
+    a, b = grid.model_slug("/x/tiny-llama"), grid.model_slug("/y/tiny-llama")
+    assert a != b and "/" not in a and a.startswith("tiny-llama-")
+    with pytest.raises(DataError, match="failure source"):
+        grid.cells(("m",), (("llamacpp", "f32"),), ("tools",), ("seeded", "typo"))
+
+
+def _est(mean, lo, hi):
+    return {"mean": mean, "lo": lo, "hi": hi, "n": 20}
+
+
+def _cell(variant, est):
+    return {"model": "m", "env": "tools", "failures": "seeded", "variant": variant, "status": "done",
+            "summary": {"conditions": {"after": {"gain_per_token": est}}}}
+
+
+def test_sign_check_flags_only_resolved_flips():
+    ref = _cell("llamacpp:f32", _est(-0.5, -0.7, -0.3))
+    checks = {c["variant"]: c["verdict"] for c in sign_check([
+        ref, _cell("llamacpp:q4_1", _est(-0.4, -0.6, -0.2)), _cell("llamacpp:q4_0", _est(0.3, 0.1, 0.5)),
+        _cell("llamacpp:q8_0", _est(0.1, -0.1, 0.3))])}
+    assert checks == {"llamacpp:q4_1": "sign kept", "llamacpp:q4_0": "SIGN FLIPPED",
+                      "llamacpp:q8_0": "undetermined: this variant's 95% CI includes 0"}
+    alone = sign_check([_cell("llamacpp:q4_1", _est(-0.4, -0.6, -0.2))])
+    assert alone[0]["verdict"].startswith("not applicable")
+
+
+# --- end to end on the tiny model ---
+
+def _config(model: Path, data: Path, out: Path, **changes) -> SweepConfig:
+    base = {"models": (str(model),), "variants": ("f32",), "envs": ("tools",), "failures": ("seeded", "model"),
+            "limit": LIMIT, "shard_size": 1, "seed": 0, "out_dir": out, "data_dir": data, "threads": 1,
+            "max_new_tokens": MAX_NEW, "n_boot": 50}
+    return SweepConfig(**{**base, **changes})
+
+
+def _shard_files(out: Path) -> dict[str, bytes]:
+    """Every committed shard's per-item rows, by path under the sweep folder."""
+    files = {}
+    for name in ("scores.jsonl", "logprobs.jsonl", "items.jsonl"):
+        for path in sorted((out / "cells").rglob(name)):
+            assert ".partial" not in str(path.parent), f"uncommitted shard left behind: {path.parent}"
+            files[str(path.relative_to(out))] = path.read_bytes()
+    return files
+
+
+@pytest.fixture(scope="module")
+def in_process(tiny_model, study_data, tmp_path_factory):
+    model = tiny_model("llama")
+    out = tmp_path_factory.mktemp("sweep") / "in-process"
+    outcome = run_sweep(_config(model, study_data, out))
+    return model, out, outcome, _shard_files(out)
+
+
+def test_in_process_sweep_writes_shards_and_the_cross_model_summary(in_process):
+    model, out, outcome, files = in_process
+    assert outcome.n_shards == 2 * LIMIT and outcome.n_resumed == 0 and not outcome.skipped
+    assert sum(name.endswith("scores.jsonl") for name in files) == 2 * LIMIT
+    summary = json.loads((out / "summary.json").read_text())
+    cells = {c["failures"]: c for c in summary["cells"]}
+    assert set(cells) == {"seeded", "model"}
+    assert cells["seeded"]["status"] == "done" and cells["seeded"]["n_items"] == LIMIT
+    # The cell's summary pools its shards: as many items as the shards hold.
+    n_seeded = sum(len(files[n].splitlines()) for n in files if "tools-seeded" in n and n.endswith("items.jsonl"))
+    assert cells["seeded"]["summary"]["n_items"] == n_seeded == LIMIT
+    text = (out / "summary.md").read_text()
+    assert "| model | variant | env | failures |" in text and Path(model).name in text
+    assert (out / "sweep_gain_by_size.png").stat().st_size > 1000
+
+
+def test_a_finished_sweep_is_kept_unless_resumed_with_the_same_settings(in_process, study_data):
+    model, out, _, files = in_process
+    with pytest.raises(OutputError, match="--resume"):
+        run_sweep(_config(model, study_data, out))
+    with pytest.raises(ResumeConfigError, match="limit"):
+        run_sweep(_config(model, study_data, out, resume=True, limit=LIMIT + 1))
+    again = run_sweep(_config(model, study_data, out, resume=True))
+    assert again.n_resumed == again.n_shards == 2 * LIMIT
+    assert _shard_files(out) == files
+
+
+def test_a_model_that_cannot_be_obtained_is_reported_not_dropped(in_process, study_data, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub is never asked, here or anywhere else
+    model, *_ = in_process
+    out = tmp_path / "sw"
+    result = CliRunner().invoke(main, ["sweep", "--models", f"{model},qwen3-0.6b", "--env", "tools", "--failures",
+                                       "seeded", "--limit", "1", "--threads", "1", "--max-new-tokens", str(MAX_NEW),
+                                       "--n-boot", "20", "--data", str(study_data), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "skipped qwen3-0.6b (llamacpp:f32): cannot be obtained here" in result.output
+    cells = json.loads((out / "summary.json").read_text())["cells"]
+    assert {c["model"]: c["status"] for c in cells} == {str(model): "done", "qwen3-0.6b": "skipped"}
+    assert "## Skipped" in (out / "summary.md").read_text()
+
+
+# --- Ray: a local instance inside the tests ---
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    env = {k: os.environ[k] for k in ("FASTSCORE_HOME", "FASTSCORE_DATA") if k in os.environ}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": env} if env else None)
+    yield ray
+    ray.shutdown()
+
+
+def _actor_pids() -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"ray::ShardActor" in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_ray_workers_give_the_in_process_rows_even_when_killed_mid_shard(in_process, study_data, tmp_path,
+                                                                      local_ray, caplog):
+    model, _, _, want = in_process
+    out = tmp_path / "ray"
+    config = _config(model, study_data, out, ray="local", workers=2)
+    errors: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            run_sweep(config)
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the test thread below)
+            errors.append(exc)
+
+    driver = threading.Thread(target=drive)
+    driver.start()
+    killed = []
+    deadline = time.monotonic() + 300
+    while driver.is_alive() and not killed and time.monotonic() < deadline:
+        if any((out / "cells").rglob("*.partial")) and _actor_pids():
+            for pid in _actor_pids():  # mid-shard: its .partial folder exists until the shard commits
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        time.sleep(0.02)
+    driver.join(600)
+    assert not errors, errors
+    assert killed, "no worker was seen running a shard"
+    assert "redoing it on a new worker" in caplog.text
+    got = _shard_files(out)
+    assert got.keys() == want.keys()
+    differing = [name for name in want if got[name] != want[name]]
+    print(f"{len(want)} row files compared, {len(differing)} differ; killed workers {killed}")
+    assert not differing
+
+
+def test_a_killed_driver_resumes_with_only_the_unfinished_shards(in_process, study_data, tmp_path):
+    model, _, _, want = in_process
+    out = tmp_path / "killed"
+    args = ["sweep", "--models", str(model), "--env", "tools", "--failures", "seeded,model", "--limit", str(LIMIT),
+            "--shard-size", "1", "--threads", "1", "--max-new-tokens", str(MAX_NEW), "--n-boot", "50",
+            "--data", str(study_data), "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-c", "from fastscore.cli import main; main()", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not any((out / "cells").rglob("shard.json")) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the sweep ended before it could be killed"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    n_done = sum(1 for _ in (out / "cells").rglob("shard.json"))
+    assert 1 <= n_done < 2 * LIMIT
+    result = CliRunner().invoke(main, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    assert f"({n_done} already done)" in result.output
+    assert _shard_files(out) == want
+
+
+def test_a_shard_that_fails_on_a_ray_worker_stops_the_sweep_naming_the_shard(in_process, study_data, tmp_path,
+                                                                          local_ray):
+    from fastscore.errors import SweepError
+    from fastscore.sweep.ray_exec import run_on_ray
+    from fastscore.sweep.worker import ShardSettings
+
+    model, *_ = in_process
+    blocker = tmp_path / "a-file"
+    blocker.write_text("the shard's folder cannot be made under a file\n")
+    shard = grid.shards_of(grid.Cell(str(model), "llamacpp", "f32", "tools", "seeded"), 1, 1)[0]
+    settings = ShardSettings(out_dir=blocker, data_dir=study_data, threads=1, max_new_tokens=MAX_NEW)
+    with pytest.raises(SweepError, match=f"shard {shard.key} failed on a Ray worker") as caught:
+        run_on_ray([shard], settings, "local", 1, 1, lambda done: None)
+    assert "\n" not in str(caught.value)
