@@ -56,18 +56,18 @@ def _logprobs(path: Path, requests, **options) -> list[np.ndarray]:
 
 def test_the_default_type_scores_an_item_the_same_in_any_batch(item_requests):
     path, by_item = item_requests
-    item, others = next(iter(by_item.values())), [r for reqs in list(by_item.values())[1:] for r in reqs]
+    items = list(by_item.values())
+    item, others = items[0], items[1]
     with LlamaCppBackend(path, n_threads=2) as backend:
         want = [backend.score_tokens([r])[0].logprobs for r in item]  # each request alone
         layouts = {
             "the item in one call": [s.logprobs for s in backend.score_tokens(item)],
-            "with every other item, reversed": [s.logprobs for s in backend.score_tokens(others + item[::-1])
-                                                ][len(others):][::-1],
+            "with another item, reversed": [s.logprobs for s in backend.score_tokens(others + item[::-1])
+                                            ][len(others):][::-1],
         }
-    layouts["with other items, groups of one request"] = _logprobs(path, item + others, max_group_tokens=1)[:len(item)]
-    layouts["with other items, one group"] = _logprobs(path, others + item, max_group_tokens=4096)[len(others):]
-    for ubatch in (7, 64):
-        layouts[f"micro-batches of {ubatch} tokens"] = _logprobs(path, others[:3] + item, n_ubatch=ubatch)[3:]
+    layouts["with another item, groups of one request"] = _logprobs(path, item + others, max_group_tokens=1)[:len(item)]
+    layouts["with another item, one group"] = _logprobs(path, others + item, max_group_tokens=4096)[len(others):]
+    layouts["micro-batches of 32 tokens"] = _logprobs(path, others + item, n_ubatch=32)[len(others):]
     for name, got in layouts.items():
         worst = max(float(np.abs(a - b).max()) for a, b in zip(got, want))
         print(f"\n{name}: max |d logprob| vs alone = {worst:.2e} nats/token")
