@@ -154,8 +154,22 @@ def summarize(*, options: dict, workload, sgemm: dict, backends: dict[str, dict]
     out["memory_mb"] = {**{f"backend {k}": v["max_rss_mb"] for k, v in per_backend.items()},
                         **{f"e2e {k}": m["max_rss_bytes"] / 2**20 for k, m in end_to_end.items()},
                         **({f"greedy llamacpp:{greedy_type}": greedy["max_rss_bytes"] / 2**20} if greedy else {})}
+    out["bounds"] = _bounds(out)
     out["targets"] = _targets(out)
     return out
+
+
+def _bounds(out: dict[str, Any]) -> dict[str, Any]:
+    """What caps the targets on this machine, from the same run: an engine cannot score faster than its own raw
+    prefill runs, and no engine beats the roofline, so the peer's time over the roofline time caps the speedup."""
+    roofline = next((b["roofline_seconds"] for b in out["backends"].values()), None)
+    peer = out["end_to_end"].get("reference:fp32:prefix_kv")
+    return {
+        "prefill_fraction_of_sgemm": {k: out["backends"][k]["prefill_fraction_of_sgemm"]
+                                      for k in EXACT_CONFIGS if k in out["backends"]},
+        "roofline_seconds": roofline,
+        "max_speedup_vs_prefix_kv_at_roofline": ratio(peer["seconds"], roofline) if peer and roofline else None,
+    }
 
 
 def _end_to_end(e2e: dict[str, dict], best: str | None) -> dict[str, Any]:

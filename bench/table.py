@@ -81,6 +81,14 @@ def render(summary: dict[str, Any]) -> str:
     parts += [f"  exact end to end vs transformers reusing each context's KV: {_met(t['exact_speedup_vs_prefix_kv'])}",
               f"  batched greedy (32+ contexts) vs the same type's prefill: {_met(t['greedy_vs_prefill'])}"]
     parts += [f"  unique tok/s vs prefill, {k}: {_met(v)}" for k, v in t["unique_vs_prefill"].items()]
+    bounds = summary.get("bounds") or {}
+    if bounds:
+        parts += ["bounds (same run):",
+                  f"  workload roofline {_f(bounds['roofline_seconds'], 2)} s; the transformers prefix-KV peer's time "
+                  f"over it (the speedup an engine at the roofline would have): "
+                  f"{_f(bounds['max_speedup_vs_prefix_kv_at_roofline'], 2)}"]
+        parts += [f"  raw prefill vs sgemm, {k}: {_f(v, 2)} (shared scoring cannot run above its own prefill rate)"
+                  for k, v in bounds["prefill_fraction_of_sgemm"].items()]
     parts += [f"  prefill vs sgemm, {k}: {_met(v)}" for k, v in t["prefill_fraction_of_sgemm"].items()]
     return "\n".join(parts)
 

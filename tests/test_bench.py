@@ -122,6 +122,12 @@ def test_end_to_end_ratios_against_both_transformers_peers():
     assert out["prefix_kv_speedup_vs_reference"] == 2.5
     assert out["max_abs_diff_prefix_kv_vs_reference"] == 0.0
     assert out["max_abs_diff_vs_reference onnx:fp32"] == 0.5
+    from fastscore.bench.figures import _bounds
+
+    backends = {"onnx:fp32": {"roofline_seconds": 2.0, "prefill_fraction_of_sgemm": 0.7}}
+    bounds = _bounds({"backends": backends, "end_to_end": out})
+    assert bounds["max_speedup_vs_prefix_kv_at_roofline"] == 8.0  # the peer's 16 s over the 2 s roofline
+    assert bounds["prefill_fraction_of_sgemm"] == {"onnx:fp32": 0.7}
 
 
 def test_greedy_vs_prefill_uses_the_best_batch_of_32_or_more():
