@@ -44,11 +44,6 @@ def item_requests(smollm_artefact):
     backend.close()
 
 
-def test_the_default_llamacpp_type_is_full_precision():
-    assert default_quant(default_model()) == "f32"
-    assert default_quant(default_model(), "onnx") == "fp32"
-
-
 def _logprobs(path: Path, requests, **options) -> list[np.ndarray]:
     with LlamaCppBackend(path, n_threads=2, options=dataclasses.replace(LlamaCppOptions(), **options)) as backend:
         return [s.logprobs for s in backend.score_tokens(requests)]
