@@ -33,10 +33,11 @@ class LlamaCppOptions:
     # over all cells of its group, so big groups waste attention and small ones recompute shared prefixes:
     # 1536 measured fastest overall (f32 40.5 s -> 26.5 s, q4_0 36.1 s -> 23.0 s vs 4096 on the bench workload).
     max_group_tokens: int = 1536
-    # Prefill tokens of one greedy-decoding cache (at least n_ctx). Each cache costs one forward per step, so all
-    # contexts of a call in one cache make each step one full batch; with flash attention a step skips the cells
-    # of the other contexts. 16,384 f32 cells of the 135M model take 0.75 GB.
-    max_decode_tokens: int = 16384
+    # Prefill tokens of one greedy-decoding cache (at least n_ctx; a bigger cache is prefilled in forwards of n_ctx).
+    # Fewer caches mean fuller steps (one forward per cache), but every step's attention then scans more cells:
+    # 18 contexts in one cache of ~2,300 cells stepped in 5.5-8.7 s vs 2.1-3.1 s in two caches (llama.cpp f32, flash
+    # attention, load average ~11 on 2 cores; /tmp script, 2 alternations), so the default keeps caches of n_ctx.
+    max_decode_tokens: int = 4096
 
     def __post_init__(self) -> None:
         for name in ("flash_attn", "decode_flash_attn"):
