@@ -36,7 +36,7 @@ class LlamaCppOptions:
     # Prefill tokens of one greedy-decoding cache (at least n_ctx; a bigger cache is prefilled in forwards of n_ctx).
     # Fewer caches mean fuller steps (one forward per cache), but every step's attention then scans more cells:
     # 18 contexts in one cache of ~2,300 cells stepped in 5.5-8.7 s vs 2.1-3.1 s in two caches (llama.cpp f32, flash
-    # attention, load average ~11 on 2 cores; /tmp script, 2 alternations), so the default keeps caches of n_ctx.
+    # attention, load average ~11 on 2 cores; measured by hand, 2 alternations), so the default keeps caches of n_ctx.
     max_decode_tokens: int = 4096
 
     def __post_init__(self) -> None:
