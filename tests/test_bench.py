@@ -214,3 +214,20 @@ def test_bench_smoke_with_reference(tmp_path, study_data):
     assert e2e["max_abs_diff_prefix_kv_vs_reference"] <= 1e-3
     assert np.isfinite(e2e["speedup_vs_reference"])
     assert set(summary["greedy"]) >= {"1", "2"}
+
+
+def test_prefix_kv_peer_equals_the_reference_on_a_tiny_model(tiny_artefact):
+    """The peer reuses each set's prefix KV and crops it back after every candidate: same numbers as scoring each
+    request whole."""
+    from fastscore.backends import load
+    from fastscore.bench.prefix_kv import score_set_with_prefix_kv
+
+    artefact = tiny_artefact("llama", "reference", "fp32")
+    stem = tuple(range(5, 40))
+    requests = [TokenRequest(stem + tail, len(stem)) for tail in ((7, 8, 9), (7, 3), (11, 12, 13, 14))]
+    with load("reference", artefact.path, n_threads=1) as backend:
+        want = [float(np.sum(s.logprobs)) for s in backend.score_tokens(requests)]
+        got = score_set_with_prefix_kv(backend.model, backend.torch, requests)
+        again = score_set_with_prefix_kv(backend.model, backend.torch, requests[::-1])[::-1]
+    assert np.abs(np.subtract(got, want)).max() <= 1e-4
+    assert np.abs(np.subtract(again, want)).max() <= 1e-4
