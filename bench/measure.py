@@ -108,23 +108,38 @@ def measure_backend(scorer, workload: Workload, repeats: int, pp_tokens: int = 5
     }
 
 
-def measure_end_to_end(scorer, workload: Workload, repeats: int, one_request_per_call: bool) -> dict:
-    """Text in, scores out: rendering, tokenization and scoring of every candidate of every context."""
-    if one_request_per_call:
+E2E_MODES = ("shared", "one_request_per_call", "prefix_kv")
+
+
+def measure_end_to_end(scorer, workload: Workload, repeats: int, mode: str) -> dict:
+    """Text in, scores out: rendering, tokenization and scoring of every candidate of every context.
+
+    mode: "shared" (fastscore: every request in one call), "one_request_per_call" (the plain reference), or
+    "prefix_kv" (transformers reusing each context's KV for its candidates: fastscore.bench.prefix_kv)."""
+    if mode == "one_request_per_call":
         requests = flat_requests(workload)
 
         def run():
             return [scorer.score([r])[0].logprob for r in requests]
 
         warm = lambda: scorer.score(requests[:1])  # noqa: E731
-    else:
+    elif mode == "prefix_kv":
+        from fastscore.bench.prefix_kv import score_with_prefix_kv
+
+        def run():
+            return score_with_prefix_kv(scorer, workload.sets)
+
+        warm = lambda: score_with_prefix_kv(scorer, workload.sets[:1])  # noqa: E731
+    elif mode == "shared":
         def run():
             return [r.logprob for res in scorer.score_candidates(workload.sets) for r in res.results]
 
         warm = lambda: scorer.score_candidates(workload.sets[:1])  # noqa: E731
+    else:
+        raise ValueError(f"unknown end-to-end mode {mode!r}; known: {', '.join(E2E_MODES)}")
     seconds, runs, logprobs = timed(run, repeats, warmup=warm)
-    return {"seconds": seconds, "runs": runs, "logprobs": [float(x) for x in logprobs],
-            "one_request_per_call": one_request_per_call, "weights": scorer.weights_note}
+    return {"seconds": seconds, "runs": runs, "logprobs": [float(x) for x in logprobs], "mode": mode,
+            "one_request_per_call": mode == "one_request_per_call", "weights": scorer.weights_note}
 
 
 def _decode(backend, contexts: Sequence[Sequence[int]], new_tokens: int) -> tuple[float, float]:

@@ -1,8 +1,9 @@
 """`fastscore bench`: every configuration measured in one run, on the same requests, each in a fresh process.
 
 Order: convert whatever is missing (never timed), build the workload once, measure the sgemm limit, score with
-every backend configuration, then end to end (fastscore's best llama.cpp type and f32 vs the transformers
-reference) and greedy decoding on the best type. Figures are derived in fastscore.bench.figures.
+every backend configuration, then end to end (fastscore's best llama.cpp type and the exact types vs the transformers
+reference, one request per call, and the transformers peer reusing each context's KV) and greedy decoding on the
+exact default type (llama.cpp f32; the best type when f32 is not measured). Figures are derived in fastscore.bench.figures.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from fastscore.variants import VARIANTS
 log = logging.getLogger(__name__)
 
 DEFAULT_CONFIGS: tuple[tuple[str, str], ...] = tuple((v.backend, v.quant) for v in VARIANTS if v.in_bench)
+# The batch-invariant configurations (fastscore's defaults are exact): their end-to-end time is what the
+# transformers peers are compared with.
+EXACT_CONFIGS: tuple[tuple[str, str], ...] = (("llamacpp", "f32"), ("onnx", "fp32"))
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 
@@ -124,7 +128,7 @@ def run_bench(opts: BenchOptions, scratch_dir: Path | None = None) -> dict:
         scratch = Path(tmp)
         (scratch / "workload.json").write_text(workload.to_json(), encoding="utf-8")
         common["workload"] = str(scratch / "workload.json")
-        steps = 1 + len(configs) + 3 + 1
+        steps = 1 + len(configs) + len(EXACT_CONFIGS) + 1 + 2 + 1
         with tqdm(total=steps, desc="bench", unit="run", disable=None) as bar:
             def step(spec: dict, label: str) -> dict:
                 bar.set_postfix_str(label)
@@ -141,24 +145,29 @@ def run_bench(opts: BenchOptions, scratch_dir: Path | None = None) -> dict:
                     f"backend-{backend}-{quant}")
             best = opts.best or best_llamacpp_type(backends)
             end_to_end = {}
-            if best is not None:
-                e2e_configs.append(("llamacpp", best))
-                if "f32" != best and ("llamacpp", "f32") in artefacts:
-                    e2e_configs.append(("llamacpp", "f32"))
+            # fastscore end to end: the fastest llama.cpp type, then the exact types (the default llama.cpp f32,
+            # ONNX fp32) whenever they were measured.
+            for backend, quant in [("llamacpp", best), *EXACT_CONFIGS]:
+                if quant is not None and (backend, quant) in configs and (backend, quant) not in e2e_configs:
+                    e2e_configs.append((backend, quant))
             for backend, quant in e2e_configs:
                 end_to_end[f"{backend}:{quant}"] = step(
-                    {"task": "e2e", "backend": backend, "quant": quant, "one_request_per_call": False},
-                    f"e2e-{backend}-{quant}")
+                    {"task": "e2e", "backend": backend, "quant": quant, "mode": "shared"}, f"e2e-{backend}-{quant}")
             if not opts.skip_reference:
                 end_to_end["reference:fp32"] = step(
-                    {"task": "e2e", "backend": "reference", "quant": "fp32", "one_request_per_call": True,
+                    {"task": "e2e", "backend": "reference", "quant": "fp32", "mode": "one_request_per_call",
                      "repeats": opts.reference_repeats}, "e2e-reference")
+                end_to_end["reference:fp32:prefix_kv"] = step(
+                    {"task": "e2e", "backend": "reference", "quant": "fp32", "mode": "prefix_kv",
+                     "repeats": opts.reference_repeats}, "e2e-reference-prefix-kv")
             greedy = None
-            if best is not None:
-                greedy = step({"task": "greedy", "backend": "llamacpp", "quant": best,
+            # Greedy decoding on the study's default (exact) type when measured, else the fastest.
+            greedy_type = "f32" if ("llamacpp", "f32") in configs else best
+            if greedy_type is not None:
+                greedy = step({"task": "greedy", "backend": "llamacpp", "quant": greedy_type,
                                "batch_sizes": list(opts.greedy_batches), "new_tokens": opts.new_tokens,
                                "repeats": opts.greedy_repeats},
-                              f"greedy-llamacpp-{best}")
+                              f"greedy-llamacpp-{greedy_type}")
             bar.update(steps - bar.n)
     gguf = next((a.path for (b, _), a in artefacts.items() if b == "llamacpp"), None)
     if gguf is not None:
@@ -168,7 +177,7 @@ def run_bench(opts: BenchOptions, scratch_dir: Path | None = None) -> dict:
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}
     options["load_average_at_start"] = load_at_start  # other work on the machine skews every figure
     return summarize(options=options, workload=workload, sgemm=sgemm, backends=backends, end_to_end=end_to_end,
-                     greedy=greedy, best=best, shape=shape)
+                     greedy=greedy, best=best, shape=shape, greedy_type=greedy_type)
 
 
 def _hf_config_dir(artefacts: dict) -> Path:

@@ -33,7 +33,7 @@ def run_spec(spec: dict) -> dict:
             return measure.measure_backend(scorer, workload, spec["repeats"], spec.get("pp_tokens", 512),
                                            spec.get("per_request_repeats", 1), spec.get("per_request_limit"))
         if task == "e2e":
-            return measure.measure_end_to_end(scorer, workload, spec["repeats"], spec["one_request_per_call"])
+            return measure.measure_end_to_end(scorer, workload, spec["repeats"], spec["mode"])
         if task == "greedy":
             return measure.measure_greedy(scorer, workload, spec["batch_sizes"], spec["new_tokens"], spec["repeats"])
     raise ValueError(f"unknown benchmark task {task!r}")

@@ -20,7 +20,8 @@ DATA_HELP = "Study data folder (mbpp.jsonl, bfcl/); default: $FASTSCORE_DATA, el
 # Help texts read the variant table, so they list exactly what the code accepts.
 BACKEND_HELP = ", ".join(variants.backends()) + "."
 QUANT_HELP = ("Weights variant: " + "; ".join(f"{b} {variants.help_list(b)}" for b in variants.backends())
-              + " (default: the embedded model's shipped quant on llamacpp, else full precision).")
+              + " (default: full precision, the batch-invariant type: llamacpp f32, derived from the embedded model's "
+                "shipped q4_1 file, which stays available).")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from fastscore import backends, registry, variants
+from fastscore import backends, variants
 from fastscore.errors import DamagedArtefactError
 from fastscore.scorer import Scorer
 from fastscore.tokenizer import Tokenizer
@@ -16,11 +16,10 @@ DEFAULT_BACKEND = "llamacpp"
 
 
 def default_quant(model: str, backend: str = DEFAULT_BACKEND) -> str:
-    """The embedded model's shipped quantisation on llamacpp (no conversion needed), else full precision."""
-    entries = {e.name: e for e in registry.all_models()} | {e.hub_id: e for e in registry.all_models()}
-    entry = entries.get(model)
-    if backend == "llamacpp" and entry is not None and entry.embedded is not None:
-        return entry.embedded.quant
+    """The backend's full-precision type, for every model: the batch-invariant one (a token's log-prob does not
+    depend on what shares its call), so a score never depends on the grouping. For the embedded model the llama.cpp
+    f32 GGUF is derived from the shipped Q4_1 file (converted once, cached); the shipped file stays available as
+    quant "q4_1". The type does not depend on `model`."""
     variants.validate(backend, variants.FULL_PRECISION.get(backend, ""))
     return variants.FULL_PRECISION[backend]
 

@@ -103,8 +103,9 @@ class FakeBackend(KVCacheBackend):
     name = "fake"
 
     def __init__(self, path: Path | None = None, n_threads: int | None = None, n_ctx: int = 256,
-                 n_seq_max: int = 8, n_vocab: int = 61, max_group_tokens: int | None = None) -> None:
-        super().__init__(Path(path or "fake"), n_threads, max_group_tokens)
+                 n_seq_max: int = 8, n_vocab: int = 61, max_group_tokens: int | None = None,
+                 max_decode_tokens: int | None = None) -> None:
+        super().__init__(Path(path or "fake"), n_threads, max_group_tokens, max_decode_tokens=max_decode_tokens)
         self.model = FakeModel(n_vocab)
         self.n_ctx, self.n_seq_max, self.n_vocab = n_ctx, n_seq_max, n_vocab
         self.counters = {"forward_calls": 0, "computed_tokens": 0, "output_rows": 0, "batch_sizes": [],

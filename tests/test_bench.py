@@ -98,6 +98,58 @@ def test_backend_figures_ratios_on_crafted_numbers():
     # shared: 100 computed x 704 + 20 scored rows x 80 in 2 s, against the prefill's FLOP/s above
     assert fig["shared_vs_prefill_gflops"] == pytest.approx(((100 * 704 + 20 * 80) / 2.0) / ((50 * 704 + 80) / 0.4))
     assert fig["max_rss_mb"] == 1.0
+    # roofline: the 100 trie-minimal tokens x 704 + 20 lm_head rows x 80 at 1e-6 GFLOP/s (= 1000 FLOP/s), over 2 s
+    assert fig["roofline_seconds"] == pytest.approx((100 * 704 + 20 * 80) / 1e3)
+    assert fig["shared_fraction_of_roofline"] == pytest.approx((100 * 704 + 20 * 80) / 1e3 / 2.0)
+
+
+def _e2e(seconds: float, logprobs: list[float], mode: str = "shared") -> dict:
+    return {"seconds": seconds, "logprobs": logprobs, "mode": mode, "one_request_per_call": mode == "one_request_per_call",
+            "weights": "w"}
+
+
+def test_end_to_end_ratios_against_both_transformers_peers():
+    from fastscore.bench.figures import _end_to_end
+
+    e2e = {"llamacpp:q4_0": _e2e(1.0, [-1.0, -3.0]), "llamacpp:f32": _e2e(2.0, [-1.0, -2.0]),
+           "onnx:fp32": _e2e(1.6, [-1.0, -2.5]), "reference:fp32": _e2e(40.0, [-1.0, -2.0], "one_request_per_call"),
+           "reference:fp32:prefix_kv": _e2e(16.0, [-1.0, -2.0], "prefix_kv")}
+    out = _end_to_end(e2e, "q4_0")
+    assert out["speedup_vs_reference"] == 40.0 and out["max_abs_diff_best_vs_reference"] == 1.0
+    assert out["fastest_exact"] == "onnx:fp32"
+    assert out["exact_speedup_vs_prefix_kv"] == 10.0  # the fastest exact type (1.6 s) vs the peer (16 s)
+    assert out["speedup_vs_prefix_kv llamacpp:f32"] == 8.0
+    assert out["prefix_kv_speedup_vs_reference"] == 2.5
+    assert out["max_abs_diff_prefix_kv_vs_reference"] == 0.0
+    assert out["max_abs_diff_vs_reference onnx:fp32"] == 0.5
+    from fastscore.bench.figures import _bounds
+
+    backends = {"onnx:fp32": {"roofline_seconds": 2.0, "prefill_fraction_of_sgemm": 0.7}}
+    bounds = _bounds({"backends": backends, "end_to_end": out})
+    assert bounds["max_speedup_vs_prefix_kv_at_roofline"] == 8.0  # the peer's 16 s over the 2 s roofline
+    assert bounds["prefill_fraction_of_sgemm"] == {"onnx:fp32": 0.7}
+
+
+def test_greedy_vs_prefill_uses_the_best_batch_of_32_or_more():
+    from fastscore.bench.figures import _greedy, _targets
+
+    def run(tps: float) -> dict:
+        return {"new_tokens": 4, "batched": {"tokens_per_s": tps, "prefill_seconds": 1.0},
+                "sequential": {"tokens_per_s": 10.0, "prefill_seconds": 1.0}}
+
+    greedy = _greedy({"8": run(90.0), "32": run(60.0), "64": run(85.0), "max_rss_bytes": 1}, "f32", 100.0)
+    assert greedy["32"]["batched_vs_prefill"] == 0.6
+    targets = _targets({"end_to_end": {}, "backends": {}, "greedy": greedy})
+    assert targets["greedy_vs_prefill"] == {"value": 0.85, "target": 0.8, "met": True}  # 8 contexts do not count
+    assert targets["exact_speedup_vs_prefix_kv"]["met"] is None
+
+
+def test_prefix_kv_peer_shares_only_rows_no_score_needs():
+    from fastscore.bench.prefix_kv import shared_prefix_length
+
+    reqs = [TokenRequest((1, 2, 3, 4, 5), 4), TokenRequest((1, 2, 3, 6), 3), TokenRequest((1, 2, 3, 4, 7), 4)]
+    assert shared_prefix_length(reqs) == 2  # 3 shared tokens, but position 2 predicts request 1's first scored token
+    assert shared_prefix_length([TokenRequest((1, 2), 1), TokenRequest((3, 2), 1)]) == 0
 
 
 def test_best_type_and_max_diff():
@@ -144,7 +196,8 @@ def test_bench_smoke_tiny_sizes(tmp_path, study_data):
     assert summary["end_to_end"]["llamacpp:q4_1"]["requests"] == 4
     assert "speedup_vs_reference" not in summary["end_to_end"]
     assert summary["targets"]["end_to_end_speedup"]["met"] is None  # not measured: n/a, never a made-up value
-    assert set(summary["greedy"]) == {"1", "backend"}
+    assert set(summary["greedy"]) == {"1", "backend", "prefill_tokens_per_s"}
+    assert summary["greedy"]["1"]["batched_vs_prefill"] > 0
 
 
 @pytest.mark.slow
@@ -155,6 +208,26 @@ def test_bench_smoke_with_reference(tmp_path, study_data):
     assert summary["workload"]["requests"] == 8  # 1 item x (before, after) x 4 candidates
     e2e = summary["end_to_end"]
     assert e2e["llamacpp:q4_1"]["requests"] == e2e["reference:fp32"]["requests"] == 8
+    assert e2e["reference:fp32:prefix_kv"]["requests"] == 8
     print("q4_1 vs reference max |diff| (nats/request):", e2e["max_abs_diff_best_vs_reference"])
+    # The peer reusing each context's KV computes the same numbers as the plain reference.
+    assert e2e["max_abs_diff_prefix_kv_vs_reference"] <= 1e-3
     assert np.isfinite(e2e["speedup_vs_reference"])
     assert set(summary["greedy"]) >= {"1", "2"}
+
+
+def test_prefix_kv_peer_equals_the_reference_on_a_tiny_model(tiny_artefact):
+    """The peer reuses each set's prefix KV and crops it back after every candidate: same numbers as scoring each
+    request whole."""
+    from fastscore.backends import load
+    from fastscore.bench.prefix_kv import score_set_with_prefix_kv
+
+    artefact = tiny_artefact("llama", "reference", "fp32")
+    stem = tuple(range(5, 40))
+    requests = [TokenRequest(stem + tail, len(stem)) for tail in ((7, 8, 9), (7, 3), (11, 12, 13, 14))]
+    with load("reference", artefact.path, n_threads=1) as backend:
+        want = [float(np.sum(s.logprobs)) for s in backend.score_tokens(requests)]
+        got = score_set_with_prefix_kv(backend.model, backend.torch, requests)
+        again = score_set_with_prefix_kv(backend.model, backend.torch, requests[::-1])[::-1]
+    assert np.abs(np.subtract(got, want)).max() <= 1e-4
+    assert np.abs(np.subtract(again, want)).max() <= 1e-4

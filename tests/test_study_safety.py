@@ -63,7 +63,7 @@ def test_a_bad_setting_leaves_the_previous_run_intact(previous_run, args, code, 
 def test_the_default_quant_is_the_backends():
     from fastscore.study.runner import StudyConfig
 
-    assert [StudyConfig(backend=b).quant for b in ("llamacpp", "onnx", "reference")] == ["q4_1", "fp32", "fp32"]
+    assert [StudyConfig(backend=b).quant for b in ("llamacpp", "onnx", "reference")] == ["f32", "fp32", "fp32"]
 
 
 def test_a_new_out_folder_is_not_created_for_a_run_that_cannot_start(tmp_path):

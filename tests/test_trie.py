@@ -209,6 +209,38 @@ def test_fake_decoder_matches_reference_and_batches_steps():
     assert backend.counters["caches_opened"] == 2
 
 
+def test_fake_decoder_fits_contexts_beyond_one_forward_into_one_cache():
+    """A decoding cache may hold more prefill than one forward takes (n_ctx): it is prefilled in pieces of at most
+    n_ctx tokens, parents first, and every step is then a single forward over all contexts."""
+    rng = np.random.default_rng(3)
+    contexts = [tuple(int(t) for t in rng.integers(0, 50, size=int(rng.integers(20, 40)))) for _ in range(6)]
+    backend = FakeBackend(n_ctx=48, n_seq_max=8, max_decode_tokens=400)
+    with backend.decoder(max_new_tokens=2) as dec:
+        logits = dec.start(contexts)
+        assert backend.counters["caches_opened"] == 1
+        assert max(backend.counters["batch_sizes"]) <= 48 and backend.counters["forward_calls"] > 1
+        for k, c in enumerate(contexts):
+            np.testing.assert_allclose(logits[k], backend.model.reference_logits(c)[-1], atol=1e-5)
+        calls = backend.counters["forward_calls"]
+        nxt = [int(np.argmax(row)) for row in logits]
+        logits = dec.step(list(range(len(contexts))), nxt)
+        assert backend.counters["forward_calls"] == calls + 1
+        for k, c in enumerate(contexts):
+            np.testing.assert_allclose(logits[k], backend.model.reference_logits(c + (nxt[k],))[-1], atol=1e-5)
+
+
+def test_batch_split_keeps_order_runs_and_outputs():
+    reqs = [TokenRequest((1, 2, 3, 4, 5), 2), TokenRequest((1, 2, 3, 9, 8, 7), 3)]
+    batch, _ = next(ScoringPlan(reqs, 64, 8).batches())
+    pieces = batch.split(3)
+    assert [p.n_tokens for p in pieces] == [3, 3, 2]
+    assert np.concatenate([p.tokens for p in pieces]).tolist() == batch.tokens.tolist()
+    assert np.concatenate([p.outputs for p in pieces]).tolist() == batch.outputs.tolist()
+    whole = [ids.tolist() for ids in batch.seq_ids_per_token()]
+    assert [ids.tolist() for p in pieces for ids in p.seq_ids_per_token()] == whole
+    assert batch.split(8) == [batch]
+
+
 def test_fake_decoder_reserves_room_for_the_new_tokens_only():
     backend = FakeBackend(n_ctx=64, n_seq_max=8)
     with backend.decoder(max_new_tokens=2) as dec:

@@ -70,9 +70,10 @@ class KVCacheBackend(Backend):
     n_seq_max: int
 
     def __init__(self, path: Path, n_threads: int | None = None, max_group_tokens: int | None = None,
-                 progress: bool = False) -> None:
+                 progress: bool = False, max_decode_tokens: int | None = None) -> None:
         super().__init__(path, n_threads)
         self.max_group_tokens = max_group_tokens  # None: the whole context
+        self.max_decode_tokens = max_decode_tokens  # None: the whole context
         self.progress = progress
 
     @abc.abstractmethod
@@ -89,6 +90,11 @@ class KVCacheBackend(Backend):
         longest = max(len(r.tokens) for r in requests)
         return min(self.n_ctx, max(self.max_group_tokens or self.n_ctx, longest))
 
+    def decode_group_tokens(self) -> int:
+        """Prefill tokens of one decoding cache: at least the context. Every step feeds one token per sequence of
+        a cache, so the fewer caches the contexts need, the fuller each step's batch (one forward per cache)."""
+        return max(self.n_ctx, self.max_decode_tokens or self.n_ctx)
+
     def _logits(self, requests: Sequence[TokenRequest]) -> Iterator[tuple[Gather, np.ndarray]]:
         plan = ScoringPlan(requests, self.group_tokens(requests), self.n_seq_max)
         self.stats.extra["packs"] = self.stats.extra.get("packs", 0) + len(plan.groups)
@@ -103,8 +109,9 @@ class KVCacheBackend(Backend):
 class PlanDecoder(Decoder):
     """Greedy decoding on a KVCacheBackend: prefill shares prefixes, each step is one forward per KV cache.
 
-    Contexts are grouped by at most n_ctx prefill tokens and n_seq_max sequences; each group gets its own cache,
-    sized for its prefill plus max_new_tokens per sequence.
+    Contexts are grouped by at most decode_group_tokens() prefill tokens and n_seq_max sequences; each group gets
+    its own cache, sized for its prefill plus max_new_tokens per sequence, and is prefilled in forwards of at most
+    n_ctx tokens (one forward's limit).
     """
 
     def __init__(self, backend: KVCacheBackend, max_new_tokens: int) -> None:
@@ -119,14 +126,16 @@ class PlanDecoder(Decoder):
         backend = self.backend
         backend._require_open()
         backend.check_context(contexts)
-        self.plan = DecodePlan(contexts, backend.n_ctx, backend.n_seq_max)
+        self.plan = DecodePlan(contexts, backend.decode_group_tokens(), backend.n_seq_max)
         out = np.zeros((0, 0), dtype=np.float32) if not contexts else None
         for g, group in enumerate(self.plan.groups):
             cells = group.n_tokens + self.reserve * len(group.owners)
             self.sessions.append(MeteredSession(backend._decode_session(cells), backend))
             self.sessions[g].clear()
             batch, rows = self.plan.batch(g)
-            logits = self.sessions[g].forward(batch)
+            # A piece's rows are a view valid until the next forward: copied before the next piece runs.
+            pieces = [np.array(self.sessions[g].forward(piece)) for piece in batch.split(backend.n_ctx)]
+            logits = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
             if out is None:
                 out = np.empty((len(self.plan.slot), logits.shape[1]), dtype=np.float32)
             out[group.owners] = logits[rows]

@@ -63,7 +63,7 @@ class LlamaCppBackend(KVCacheBackend):
     def __init__(self, path: Path, n_threads: int | None = None, options: LlamaCppOptions | None = None,
                  progress: bool = False) -> None:
         options = options or LlamaCppOptions()
-        super().__init__(Path(path), n_threads, options.max_group_tokens, progress)
+        super().__init__(Path(path), n_threads, options.max_group_tokens, progress, options.max_decode_tokens)
         self.options = options
         self._model = self._ctx = self._buffer = None
         self._decoders: weakref.WeakSet = weakref.WeakSet()

@@ -40,6 +40,19 @@ class Batch:
     def n_outputs(self) -> int:
         return int(self.outputs.sum())
 
+    def split(self, max_tokens: int) -> list["Batch"]:
+        """Consecutive pieces of at most max_tokens tokens, in batch order (so every prefix is cached before it is
+        needed); their output rows, concatenated, are this batch's."""
+        if self.n_tokens <= max_tokens:
+            return [self]
+        pieces = []
+        for lo in range(0, self.n_tokens, max_tokens):
+            hi = min(lo + max_tokens, self.n_tokens)
+            runs = tuple((max(b, lo) - lo, min(e, hi) - lo, ids) for b, e, ids in self.runs if b < hi and e > lo)
+            pieces.append(Batch(tokens=self.tokens[lo:hi], positions=self.positions[lo:hi],
+                                outputs=self.outputs[lo:hi], runs=runs, n_seqs=self.n_seqs))
+        return pieces
+
     def seq_ids_per_token(self) -> list[np.ndarray]:
         out: list[np.ndarray] = [None] * self.n_tokens  # type: ignore[list-item]
         for begin, end, ids in self.runs:
