@@ -118,11 +118,16 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
 @click.option("--backend", default="llamacpp", show_default=True, help=BACKEND_HELP)
 @click.option("--quant", default=None, help=QUANT_HELP)
 @click.option("--env", "envs", default=",".join(ENVS), show_default=True, help="Comma-separated environments.")
-@click.option("--limit", default=None, type=click.IntRange(min=1),
-              help="Items per environment (default: sized for about ten minutes on 2 CPU cores).")
+@click.option("--limit", default=None, callback=lambda ctx, param, value: _study_limit(value),
+              help="Items per environment, or 'all' for every usable item (default: sized for the 2-core machine).")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--failures", default="seeded", show_default=True, type=click.Choice(["seeded", "model"]),
-              help="seeded: mutations of the ground truth; model: the model's own failed greedy attempts.")
+@click.option("--failures", default="both", show_default=True, type=click.Choice(["both", "seeded", "model"]),
+              help="seeded: mutations of the ground truth; model: the model's own failed greedy attempts; both: "
+                   "each in its own subfolder of --out, reported side by side.")
+@click.option("--retries", default=8, show_default=True, type=click.IntRange(min=0),
+              help="Sampled clean retries per on-policy item (temperature 1.0, seeded).")
+@click.option("--exclude-end-of-turn", is_flag=True,
+              help="Score the action alone, without the end-of-turn token (the paper's action-only counts).")
 @click.option("--out", "out", default=Path("study-out"), show_default=True,
               type=click.Path(file_okay=False, path_type=Path))
 @click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
@@ -139,8 +144,8 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
               help="How MBPP programs run: bwrap (isolated by bubblewrap) or rlimits (limits only, not isolated; "
                    "the report says so).")
 @_friendly
-def study(model, backend, quant, envs, limit, seed, failures, out, data, resume, threads, max_new_tokens, n_boot,
-          hf_path, sandbox) -> None:
+def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_end_of_turn, out, data, resume, threads,
+          max_new_tokens, n_boot, hf_path, sandbox) -> None:
     """Run the corrective-gain study end to end and write its results, report and plots into --out."""
     from fastscore.registry import default_model
     from fastscore.study.report import headline
@@ -149,14 +154,30 @@ def study(model, backend, quant, envs, limit, seed, failures, out, data, resume,
     model = model or default_model()
     config = StudyConfig(
         model=model, backend=backend, quant=quant,
-        envs=tuple(e.strip() for e in envs.split(",") if e.strip()), limit=limit or DEFAULT_LIMIT, seed=seed,
-        failures=failures, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot, max_new_tokens=max_new_tokens,
+        envs=tuple(e.strip() for e in envs.split(",") if e.strip()),
+        limit=DEFAULT_LIMIT if limit == "default" else limit, seed=seed, failures=failures, retries=retries,
+        include_end_of_turn=not exclude_end_of_turn, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot, max_new_tokens=max_new_tokens,
         hf_path=hf_path, threads=threads, sandbox=sandbox,
     )  # fmt: skip
     outcome = run_study(config, progress=True)
     for line in headline(outcome):
         click.echo(line)
     click.echo(f"results in {outcome.out_dir}/ (report.md, summary.json, scores.jsonl, plots)")
+
+
+def _study_limit(value: str | None) -> int | None | str:
+    """--limit: a positive count, 'all' (None: every usable item), or unset ('default')."""
+    if value is None:
+        return "default"
+    if value.strip().lower() == "all":
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a positive integer nor 'all'") from None
+    if count < 1:
+        raise click.BadParameter(f"must be at least 1 or 'all' (got {count})")
+    return count
 
 
 def _bench_list(value: str | None) -> tuple[str, ...] | None:
