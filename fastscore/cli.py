@@ -156,8 +156,8 @@ def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_e
         model=model, backend=backend, quant=quant,
         envs=tuple(e.strip() for e in envs.split(",") if e.strip()),
         limit=DEFAULT_LIMIT if limit == "default" else limit, seed=seed, failures=failures, retries=retries,
-        include_end_of_turn=not exclude_end_of_turn, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot, max_new_tokens=max_new_tokens,
-        hf_path=hf_path, threads=threads, sandbox=sandbox,
+        include_end_of_turn=not exclude_end_of_turn, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot,
+        max_new_tokens=max_new_tokens, hf_path=hf_path, threads=threads, sandbox=sandbox,
     )  # fmt: skip
     outcome = run_study(config, progress=True)
     for line in headline(outcome):

@@ -157,7 +157,10 @@ def greedy_decode(
                     mass[seq] += _softmax_mass(logits[row], blocked)
                     steps_banned[seq] += 1
                     logits[row, blocked] = -np.inf
-            chosen = logits.argmax(axis=1) if temperature == 0 else _sample(logits, temperature, [rngs[i] for i in active])
+            if temperature == 0:
+                chosen = logits.argmax(axis=1)
+            else:
+                chosen = _sample(logits, temperature, [rngs[i] for i in active])
             still_active, next_tokens = [], []
             for seq, token in zip(active, chosen.tolist()):
                 if token in stop_set:

@@ -61,11 +61,13 @@ class ModelFailureBuilder:
                 if examined >= len(pool):
                     break  # every usable source was tried
                 while examined < len(pool) and len(items) < target:
-                    # No more attempts than could still be needed: each one is a full greedy decode.
-                    chunk = pool[examined : examined + int(min(ATTEMPTS_PER_CALL, target - len(items)))]
+                    # A few more attempts than still needed, decoded side by side: many attempts are skipped (cut
+                    # off, passing, no item), and one attempt per call would decode them one after the other.
+                    want = int(min(ATTEMPTS_PER_CALL, max(4, 2 * (target - len(items)))))
+                    chunk = pool[examined : examined + want]
                     examined += len(chunk)
                     for made in self._attempts(chunk, skipped):
-                        if made is not None:
+                        if made is not None and len(items) < target:
                             items.append(made)
                             bar.update(1)
                 seen_skips = {(s.source_id, s.reason) for s in skipped}

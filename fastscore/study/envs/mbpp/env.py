@@ -197,7 +197,8 @@ def _item(source: MbppSource, item_id: str, program: str, outcome: RunOutcome, k
     candidates = (failed_action, reference, *(format_program(m.text) for m, _ in extras))
     if len(set(candidates)) != N_CANDIDATES:
         # Fewer failing mutants than needed: the set has a fixed size so P(repeat) means the same on every item.
-        raise ValueError(f"only {len(set(candidates))} distinct candidates (the set has a fixed size of {N_CANDIDATES})")
+        raise ValueError(f"only {len(set(candidates))} distinct candidates "
+                         f"(the set has a fixed size of {N_CANDIDATES})")
     description = _description(program, outcome, source)
     check_description(description, failed_action, reference, SYSTEM_PROMPT + "\n" + _task_text(source))
     return Item(
