@@ -107,7 +107,6 @@ def test_sampling_is_seeded_batch_independent_and_follows_the_softmax(smollm_tok
         scorer.greedy(requests, max_new_tokens=2, temperature=1.0)
 
 
-@pytest.mark.slow
 def test_the_argmax_chain_agrees_with_real_greedy_decoding_on_the_exact_type(study_data):
     """On llama.cpp f32 (exact), a candidate's scored tokens are all argmax exactly when greedy decoding emits it."""
     from fastscore.session import open_scorer
