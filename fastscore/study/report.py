@@ -240,8 +240,8 @@ def _reading(summary: dict[str, Any]) -> str:
     per_token, odds = after.get("gain_per_token"), after.get("odds_factor")
     if per_token and odds:
         direction = "rise" if odds["mean"] > 1 else "fall"
-        lines.append(f"Per action token that is {_num(per_token['mean'])} nats: the odds of each failed-action "
-                     f"token {direction} by a factor of {_num(odds['mean'])}.")
+        lines.append(f"Per action token that is {_cell(per_token)} nats: the odds of each failed-action "
+                     f"token {direction} by a factor of {_cell(odds)}.")
     if "share_negative" in after:
         share = after["share_negative"]
         lines.append(f"G(after) < 0 on {100 * share['mean']:.0f}% of {share['n']} items "
@@ -256,13 +256,13 @@ def _reading(summary: dict[str, Any]) -> str:
     before = conds.get(REFERENCE, {})
     for key, what in (("p_repeat", "P(repeat) over the candidate set"), ("greedy_repeat", "Greedy exact reproduction")):
         if key in before and key in after:
-            lines.append(f"{what} goes from {_num(before[key]['mean'])} before the record to "
-                         f"{_num(after[key]['mean'])} after it.")
+            lines.append(f"{what} goes from {_cell(before[key])} before the record to {_cell(after[key])} after it.")
     if "surface_share" in dec:
         share = dec["surface_share"]
         caveat = " (unstable: the CI of mean G(after) includes 0)" if share.get("unstable") else ""
         lines.append(f"The neutral acknowledgement after the same verbatim call alone gives "
-                     f"{100 * share['mean']:.0f}% of mean G(after){caveat}: that is the surface part.")
+                     f"{100 * share['mean']:.0f}% [{_ci_pct(share)}] of mean G(after){caveat}: that is the surface "
+                     "part.")
     shares = {r: e["share_removed"] for r, e in rem.items() if r in REMEDIES and "share_removed" in e}
     if shares:
         if after["gain"]["mean"] >= 0:
