@@ -140,3 +140,19 @@ def test_the_argmax_chain_agrees_with_real_greedy_decoding_on_the_exact_type(stu
                     agreed_repro += 1
     print(f"{checked} contexts checked; {agreed_repro} read off the argmax chain, all equal to the real decode")
     assert checked >= 12
+
+
+def test_limit_all_is_accepted_and_a_bad_limit_is_a_usage_error(tmp_path):
+    from click.testing import CliRunner
+
+    from fastscore.cli import main
+    from fastscore.errors import DataError
+    from fastscore.study.runner import StudyConfig, check_config
+
+    missing = tmp_path / "no-data"
+    result = CliRunner().invoke(main, ["study", "--limit", "all", "--data", str(missing), "--out", str(tmp_path / "o")])
+    assert result.exit_code == DataError.exit_code and "not found" in result.output  # parsed, then the data check
+    for bad in ("0", "some"):
+        result = CliRunner().invoke(main, ["study", "--limit", bad, "--out", str(tmp_path / "o")])
+        assert result.exit_code == 2 and "--limit" in result.output
+    check_config(StudyConfig(limit=None, quant="f32"))  # every usable item: a valid setting
