@@ -156,3 +156,14 @@ def test_limit_all_is_accepted_and_a_bad_limit_is_a_usage_error(tmp_path):
         result = CliRunner().invoke(main, ["study", "--limit", bad, "--out", str(tmp_path / "o")])
         assert result.exit_code == 2 and "--limit" in result.output
     check_config(StudyConfig(limit=None, quant="f32"))  # every usable item: a valid setting
+
+
+def test_an_mbpp_attempt_with_a_closed_program_is_finished_even_if_the_model_talked_on(tmp_path):
+    from fastscore.study.envs.mbpp.env import MbppEnv
+    from fastscore.study.envs.tools.env import ToolsEnv
+
+    mbpp, tools = MbppEnv(tmp_path), ToolsEnv(tmp_path)
+    assert mbpp.finished_action("```python\ndef f():\n    return 1\n```\nThis works because", "max_tokens")
+    assert not mbpp.finished_action("```python\ndef f():\n    return 1\n", "max_tokens")
+    assert not tools.finished_action("get_weather(city='Par", "max_tokens")
+    assert tools.finished_action("get_weather(city='Paris')", "end_of_turn")

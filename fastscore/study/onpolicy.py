@@ -92,7 +92,7 @@ class ModelFailureBuilder:
                 skipped.append(Skipped(self.name, item.source_id, "the model's attempt was empty"))
                 yield None
                 continue
-            if attempt.stopped_by != "end_of_turn":
+            if not self.env.finished_action(text, attempt.stopped_by):
                 # Not a finished action: it would be scored with an end-of-turn token the model never emitted.
                 skipped.append(Skipped(self.name, item.source_id, "the model's attempt was cut off at the token cap"))
                 yield None

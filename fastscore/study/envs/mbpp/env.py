@@ -57,6 +57,7 @@ NEUTRAL_MESSAGE = "Program received."
 DONT_REPEAT_INSTRUCTION = "Do not repeat the failed program."
 
 _FENCED = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
+_CLOSED_FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n.*?\n[ \t]*```", re.DOTALL)
 _REQUIRED_KEYS = {"text": str, "code": str, "task_id": int, "test_list": list}
 
 T = TypeVar("T")
@@ -307,6 +308,11 @@ class MbppEnv(StudyEnv):
 
     def success_message(self, item: Item) -> str:
         return SUCCESS_MESSAGE
+
+    def finished_action(self, text: str, stopped_by: str) -> bool:
+        """A closed fenced program is a finished action even if the model talked on after it: the item's failed
+        action is that program in its canonical form, not the raw text."""
+        return stopped_by == "end_of_turn" or _CLOSED_FENCE.search(text.replace("\r\n", "\n")) is not None
 
     def same_action(self, text: str, failed_action: str) -> bool:
         """Programs compare as the extracted program in its canonical fenced form."""
