@@ -103,7 +103,10 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
     rows = []
     for source, summary in by_source.items():
         for key, s in summary.items():
-            rows.append(headline_row(f"{source}: {key}", s if key == "pooled" else _env_headline(s)))
+            row = headline_row(f"{source}: {key}", s if key == "pooled" else _env_headline(s))
+            if source == "model":  # the failure is the model's greedy attempt from the before context
+                row[-2] += " (by construction: the model's own attempt)"
+            rows.append(row)
             typos = (s.get("without_name_typos") or {}) if key != "pooled" else {}
             if typos.get("n_items") and typos["n_items"] < s.get("n_items", 0):
                 rows.append(headline_row(f"{source}: {key}, without name typos", typos))
