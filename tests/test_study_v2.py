@@ -3,6 +3,8 @@ sampling, and the argmax chain against real greedy decoding on the exact type.""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from scorer_helpers import CountingFakeBackend
@@ -167,3 +169,24 @@ def test_an_mbpp_attempt_with_a_closed_program_is_finished_even_if_the_model_tal
     assert not mbpp.finished_action("```python\ndef f():\n    return 1\n", "max_tokens")
     assert not tools.finished_action("get_weather(city='Par", "max_tokens")
     assert tools.finished_action("get_weather(city='Paris')", "end_of_turn")
+
+
+def test_both_failure_sources_are_reported_side_by_side(tmp_path):
+    from test_report import study_rows
+
+    from fastscore.study.metrics import summarize
+    from fastscore.study.report import headline
+    from fastscore.study.runner import StudyConfig, StudyOutcome
+    from fastscore.study.sources import combine_sources
+
+    summary = summarize(study_rows(shift=3.0, n=8), seed=0, n_boot=100)
+    outcomes = {source: StudyOutcome(tmp_path / source, {"tools": 8, "mbpp": 8}, 0, 0, summary, {"score": 1.0}, 1.0, ())
+                for source in ("seeded", "model")}
+    outcome = combine_sources(StudyConfig(quant="f32", out_dir=tmp_path), outcomes, 2.0)
+    report = (tmp_path / "report.md").read_text()
+    assert "| seeded: tools |" in report and "| model: pooled |" in report
+    assert "not applicable (seeded failures)" in report
+    assert "(by construction: the model's own attempt)" in report
+    assert set(json.loads((tmp_path / "summary.json").read_text())) == {"seeded", "model"}
+    lines = headline(outcome)
+    assert lines[0].startswith("[seeded] tools") and lines[-1].startswith("measured time, both failure sources")
