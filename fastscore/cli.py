@@ -143,11 +143,16 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
 @click.option("--backend", default="llamacpp", show_default=True, help=BACKEND_HELP)
 @click.option("--quant", default=None, help=QUANT_HELP)
 @click.option("--env", "envs", default=",".join(ENVS), show_default=True, help="Comma-separated environments.")
-@click.option("--limit", default=None, type=click.IntRange(min=1),
-              help="Items per environment (default: sized for about ten minutes on 2 CPU cores).")
+@click.option("--limit", default=None, callback=lambda ctx, param, value: _study_limit(value),
+              help="Items per environment, or 'all' for every usable item (default: sized for the 2-core machine).")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--failures", default="seeded", show_default=True, type=click.Choice(["seeded", "model"]),
-              help="seeded: mutations of the ground truth; model: the model's own failed greedy attempts.")
+@click.option("--failures", default="both", show_default=True, type=click.Choice(["both", "seeded", "model"]),
+              help="seeded: mutations of the ground truth; model: the model's own failed greedy attempts; both: "
+                   "each in its own subfolder of --out, reported side by side.")
+@click.option("--retries", default=8, show_default=True, type=click.IntRange(min=0),
+              help="Sampled clean retries per on-policy item (temperature 1.0, seeded).")
+@click.option("--exclude-end-of-turn", is_flag=True,
+              help="Score the action alone, without the end-of-turn token (the paper's action-only counts).")
 @click.option("--out", "out", default=Path("study-out"), show_default=True,
               type=click.Path(file_okay=False, path_type=Path))
 @click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
@@ -164,8 +169,8 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
               help="How MBPP programs run: bwrap (isolated by bubblewrap) or rlimits (limits only, not isolated; "
                    "the report says so).")
 @_friendly
-def study(model, backend, quant, envs, limit, seed, failures, out, data, resume, threads, max_new_tokens, n_boot,
-          hf_path, sandbox) -> None:
+def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_end_of_turn, out, data, resume, threads,
+          max_new_tokens, n_boot, hf_path, sandbox) -> None:
     """Run the corrective-gain study end to end and write its results, report and plots into --out."""
     from fastscore.registry import default_model
     from fastscore.study.report import headline
@@ -174,9 +179,10 @@ def study(model, backend, quant, envs, limit, seed, failures, out, data, resume,
     model = model or default_model()
     config = StudyConfig(
         model=model, backend=backend, quant=quant,
-        envs=tuple(e.strip() for e in envs.split(",") if e.strip()), limit=limit or DEFAULT_LIMIT, seed=seed,
-        failures=failures, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot, max_new_tokens=max_new_tokens,
-        hf_path=hf_path, threads=threads, sandbox=sandbox,
+        envs=tuple(e.strip() for e in envs.split(",") if e.strip()),
+        limit=DEFAULT_LIMIT if limit == "default" else limit, seed=seed, failures=failures, retries=retries,
+        include_end_of_turn=not exclude_end_of_turn, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot,
+        max_new_tokens=max_new_tokens, hf_path=hf_path, threads=threads, sandbox=sandbox,
     )  # fmt: skip
     outcome = run_study(config, progress=True)
     for line in headline(outcome):
@@ -195,19 +201,6 @@ def report_html(study_out, threads, rescore) -> None:
     from fastscore.study.report_html import write_report_html
 
     click.echo(f"wrote {write_report_html(study_out, threads=threads, rescore=rescore)}")
-class _LimitType(click.ParamType):
-    name = "N|all"
-
-    def convert(self, value, param, ctx):
-        if value is None or isinstance(value, int) or value == "all":
-            return value
-        try:
-            number = int(value)
-        except ValueError:
-            self.fail(f"{value!r} is neither a number nor 'all'", param, ctx)
-        if number < 1:
-            self.fail("must be at least 1", param, ctx)
-        return number
 
 
 @main.command()
@@ -217,7 +210,7 @@ class _LimitType(click.ParamType):
 @click.option("--env", "envs", default=",".join(ENVS), show_default=True, help="Comma-separated environments.")
 @click.option("--failures", default="seeded,model", show_default=True,
               help="Comma-separated failure sources: seeded (mutated ground truth), model (its own failed attempts).")
-@click.option("--limit", default="20", show_default=True, type=_LimitType(),
+@click.option("--limit", default="20", show_default=True, callback=lambda _ctx, _param, value: _study_limit(value),
               help="Seeded items per cell (under model failures: sources examined), or 'all'.")
 @click.option("--shard-size", default=10, show_default=True, type=click.IntRange(min=1),
               help="Items per shard: the unit of work, of resume and of retry.")
@@ -246,16 +239,30 @@ def sweep(models, variants, envs, failures, limit, shard_size, out, data, seed, 
     from fastscore.sweep.run import SweepConfig, run_sweep
 
     config = SweepConfig(
-        models=tuple(m.strip() for m in models.split(",") if m.strip()), variants=tuple(_csv(variants)), envs=tuple(_csv(envs)),
-        failures=tuple(_csv(failures)), limit=None if limit == "all" else limit, shard_size=shard_size, seed=seed,
+        models=tuple(m.strip() for m in models.split(",") if m.strip()), variants=tuple(_csv(variants)),
+        envs=tuple(_csv(envs)),
+        failures=tuple(_csv(failures)), limit=limit, shard_size=shard_size, seed=seed,
         out_dir=out, data_dir=data, resume=resume, ray=ray_address, workers=workers, threads=threads,
-        max_new_tokens=max_new_tokens, n_boot=n_boot, sandbox=sandbox, command=" ".join(["fastscore", *sys.argv[1:]]),
+        max_new_tokens=max_new_tokens, n_boot=n_boot, sandbox=sandbox, command=_command_line(),
     )  # fmt: skip
     outcome = run_sweep(config, progress=True)
     for (model, variant), reason in outcome.skipped.items():
         click.echo(f"skipped {model} ({variant}): {reason}")
     click.echo(f"{outcome.n_shards} shards ({outcome.n_resumed} already done) in {outcome.seconds:.0f} s; "
                f"summary in {outcome.out_dir}/summary.md")
+def _study_limit(value: str | None) -> int | None | str:
+    """--limit: a positive count, 'all' (None: every usable item), or unset ('default')."""
+    if value is None:
+        return "default"
+    if value.strip().lower() == "all":
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a positive integer nor 'all'") from None
+    if count < 1:
+        raise click.BadParameter(f"must be at least 1 or 'all' (got {count})")
+    return count
 
 
 def _bench_list(value: str | None) -> tuple[str, ...] | None:

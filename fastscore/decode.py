@@ -131,6 +131,17 @@ def _softmax_mass(logits: np.ndarray, ids: np.ndarray) -> float:
     return float(row[ids].sum() / row.sum())
 
 
+def _sample(logits: np.ndarray, temperature: float, rngs: Sequence[np.random.Generator]) -> np.ndarray:
+    """One token per row from softmax(row / temperature), by inverse CDF on the row's own uniform draw."""
+    chosen = np.empty(len(rngs), dtype=np.int64)
+    for row, rng in enumerate(rngs):
+        scaled = logits[row].astype(np.float64) / temperature
+        probs = np.exp(scaled - scaled.max())  # -inf (a banned token) becomes probability 0
+        cdf = np.cumsum(probs)
+        chosen[row] = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cdf) - 1)
+    return chosen
+
+
 def greedy_decode(
     decoder: Decoder,
     contexts: Sequence[Sequence[int]],
@@ -140,13 +151,22 @@ def greedy_decode(
     max_new_tokens: int,
     banned: Sequence[Iterable[str]] | None = None,
     ban_prefix: bool = False,
+    temperature: float = 0.0,
+    rngs: Sequence[np.random.Generator] | None = None,
 ) -> list[Decoded]:
     """Greedy completions of all `contexts` at once, each until a stop token or `max_new_tokens` tokens.
 
     `banned[i]` lists texts completion i may never equal. The decoder is closed when done.
+    With `temperature` > 0 each completion is sampled instead, from softmax(logits / temperature), drawing from its
+    own generator `rngs[i]` (one uniform draw per generated token), so a completion does not depend on which other
+    contexts share the batch.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, not {temperature}")
+    if temperature > 0 and (rngs is None or len(rngs) != len(contexts)):
+        raise ValueError("sampling (temperature > 0) needs one numpy Generator per context in `rngs`")
     n = len(contexts)
     if n == 0:
         return []
@@ -176,7 +196,10 @@ def greedy_decode(
                     mass[seq] += _softmax_mass(logits[row], blocked)
                     steps_banned[seq] += 1
                     logits[row, blocked] = -np.inf
-            chosen = logits.argmax(axis=1)
+            if temperature == 0:
+                chosen = logits.argmax(axis=1)
+            else:
+                chosen = _sample(logits, temperature, [rngs[i] for i in active])
             still_active, next_tokens = [], []
             for seq, token in zip(active, chosen.tolist()):
                 if token in stop_set:

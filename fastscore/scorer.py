@@ -290,10 +290,11 @@ class Scorer:
 
     # --- greedy decoding ---
 
-    def greedy(self, requests: Sequence[GreedyRequest], max_new_tokens: int = 128,
-               ban_prefix: bool = False) -> list[GreedyResult]:
+    def greedy(self, requests: Sequence[GreedyRequest], max_new_tokens: int = 128, ban_prefix: bool = False, *,
+               temperature: float = 0.0, rngs: Sequence[np.random.Generator] | None = None) -> list[GreedyResult]:
         """Greedy completion of each context (rendered with a generation prompt), never equal to its banned texts
-        (with `ban_prefix`, never starting with one)."""
+        (with `ban_prefix`, never starting with one); with temperature > 0, a sampled completion drawing from
+        `rngs[i]` (one Generator per request)."""
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         contexts = []
@@ -318,6 +319,8 @@ class Scorer:
                     max_new_tokens=max_new_tokens,
                     banned=[request.banned for request in chunk],
                     ban_prefix=ban_prefix,
+                    temperature=temperature,
+                    rngs=None if rngs is None else rngs[lo : lo + self.max_decode_batch],
                 )
             for request, d in zip(chunk, decoded, strict=True):
                 results.append(

@@ -209,7 +209,59 @@ def test_full_summary_covers_every_condition_and_is_json_safe():
     rows = crafted_study()
     summary = summarize(rows, seed=0, n_boot=200)
     text = json.dumps(summary, allow_nan=False)
-    assert set(summary["tools"]["conditions"]) == set(CONDITIONS) - {"ban"}
+    # clean_retry rows without sampled retries (seeded failures) hold only by-construction numbers: left out.
+    assert set(summary["tools"]["conditions"]) == set(CONDITIONS) - {"ban", "clean_retry"}
+    assert "not applicable under seeded failures" in \
+        summary["tools"]["remedies"]["clean_retry"]["not_applicable"]["share_removed"]
     after = summary["tools"]["conditions"]["after"]["gain"]
     assert after["hi"] < 0  # crafted: the record raises lp by ~3 nats, so G(after) < 0
     assert "NaN" not in text and "Infinity" not in text
+
+
+def test_wilson_intervals_match_hand_values_and_replace_the_bootstrap_for_shares():
+    from fastscore.study.metrics_stats import wilson_interval
+
+    # Hand values (z = 1.95996): 20/20 -> [0.8389, 1]; 2/20 -> [0.0279, 0.3010]; 0/20 -> [0, 0.1611].
+    assert wilson_interval(20, 20) == pytest.approx((0.83887, 1.0), abs=1e-5)
+    assert wilson_interval(2, 20) == pytest.approx((0.02787, 0.30103), abs=1e-5)
+    assert wilson_interval(0, 20) == pytest.approx((0.0, 0.16113), abs=1e-5)
+    rows = rows_from({"before": [-10.0] * 20, "after": [-6.0] * 20})
+    share = summarize(rows, seed=0, n_boot=100)["tools"]["conditions"]["after"]["share_negative"]
+    assert (share["mean"], share["n"]) == (1.0, 20)
+    assert share["lo"] == pytest.approx(0.83887, abs=1e-5) and share["hi"] == 1.0
+
+
+def test_copy_control_differential_gain_and_token_split_from_stored_candidate_lps():
+    # One item, hand-checked. Failed action: 3 tokens, the middle one is the edit; correct action: 3 tokens.
+    # before: failed tokens [-2, -6, -1] (sum -9), correct -4; after: failed [-1, -2, -0.5] (sum -3.5), correct -2.
+    def scored(cond, failed_tokens, correct_lp):
+        lp = sum(failed_tokens)
+        cand = (lp, correct_lp)
+        p, p_norm = candidate_probabilities(cand, (3, 3))
+        return ScoreRow("a", "tools", cond, lp, 3, cand, (3, 3), p, p_norm, failure_kind="wrong_type",
+                        token_lp=failed_tokens, token_edited=(False, True, False))
+
+    rows = [scored("before", (-2.0, -6.0, -1.0), -4.0), scored("after", (-1.0, -2.0, -0.5), -2.0)]
+    after = summarize(rows, seed=0, n_boot=50)["tools"]["conditions"]["after"]
+    assert after["gain"]["mean"] == pytest.approx(-5.5)  # -9 - (-3.5)
+    assert after["gain_correct"]["mean"] == pytest.approx(-2.0)  # -4 - (-2)
+    assert after["delta_gain"]["mean"] == pytest.approx(-3.5)
+    assert after["delta_gain_per_token"]["mean"] == pytest.approx(-5.5 / 3 + 2.0 / 3)
+    assert after["gain_per_token_edited"]["mean"] == pytest.approx(-4.0)  # -6 - (-2)
+    assert after["gain_per_token_shared"]["mean"] == pytest.approx(-0.75)  # mean(-1, -0.5)
+
+
+def test_headline_per_kind_without_name_typos_and_pooled_over_envs():
+    rows = []
+    for env in ("tools", "mbpp"):
+        for i, (kind, after) in enumerate((("unknown_function", -2.0), ("wrong_type", -8.0), ("wrong_type", -9.0))):
+            for cond, lp in (("before", -10.0), ("after", after)):
+                rows.append(row(f"{env}{i}", cond, lp, env=env, failure_kind=kind))
+    summary = summarize(rows, seed=0, n_boot=50)
+    tools = summary["tools"]
+    assert tools["by_kind"]["unknown_function"]["n_items"] == 1
+    assert tools["by_kind"]["wrong_type"]["gain"]["mean"] == pytest.approx(-1.5)
+    assert tools["without_name_typos"]["n_items"] == 2
+    assert tools["without_name_typos"]["gain"]["mean"] == pytest.approx(-1.5)
+    assert summary["pooled"]["n_items"] == 6
+    assert summary["pooled"]["gain"]["mean"] == pytest.approx((-8 - 2 - 1) * 2 / 6)

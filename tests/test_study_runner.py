@@ -166,7 +166,8 @@ def test_resume_with_a_different_config_is_refused(baseline, tmp_path, data_dir)
     shutil.copytree(baseline, out)
     with pytest.raises(ResumeConfigError, match="seed"):
         run_study(_config(out, data_dir, resume=True, seed=1), progress=False)
-    result = CliRunner().invoke(main, ["study", "--out", str(out), "--data", str(data_dir), "--limit", "3", "--resume"])
+    result = CliRunner().invoke(main, ["study", "--out", str(out), "--data", str(data_dir), "--limit", "3", "--resume",
+                                       "--failures", "seeded"])
     assert result.exit_code == ResumeConfigError.exit_code
     assert "different configuration" in result.output and "limit" in result.output
     assert "Traceback" not in result.output
@@ -175,25 +176,35 @@ def test_resume_with_a_different_config_is_refused(baseline, tmp_path, data_dir)
 
 def test_model_failures_are_the_models_own_greedy_attempts(tmp_path, data_dir):
     out = tmp_path / "on-policy"
-    outcome = run_study(_config(out, data_dir, envs=("tools",), failures="model"), progress=False)
+    # The default token cap: an attempt cut off at the cap is not a finished action and is skipped.
+    config = _config(out, data_dir, envs=("tools",), failures="model", max_new_tokens=None, retries=4)
+    outcome = run_study(config, progress=False)
     assert outcome.n_items == {"tools": LIMIT}
     items = [json.loads(line) for line in (out / "items.jsonl").read_text().splitlines()]
     assert [i["failure_kind"] for i in items] == ["model"] * LIMIT
     rows = {(r.item_id, r.condition): r for r in read_score_rows(out / "scores.jsonl")}
     for item in items:
-        # The failure was sampled greedily from the before context, so decoding it again reproduces it, and
-        # retrying from the clean context (the standard remedy) repeats the failure by construction.
+        # The failure was decoded greedily from the before context: its greedy completion there is that attempt,
+        # and the greedy retry from the clean context repeats it by construction (the report says so).
         assert rows[item["item_id"], "before"].greedy.strip() == item["failed_action"].strip()
-        assert rows[item["item_id"], "before"].greedy_repeat and rows[item["item_id"], "clean_retry"].greedy_repeat
+        assert rows[item["item_id"], "before"].greedy_repeat_program
+        assert rows[item["item_id"], "clean_retry"].greedy_repeat_program
         assert not rows[item["item_id"], "before"].greedy_success
         assert not rows[item["item_id"], "ban"].greedy_repeat
+        # The clean retry is measured by seeded samples from the clean context.
+        clean = rows[item["item_id"], "clean_retry"]
+        assert clean.sampled_k == 4 and 0 <= clean.sampled_repeat <= 4
+        assert rows[item["item_id"], "after"].sampled_k is None
+        assert rows[item["item_id"], "before"].failure_kind.startswith("model:")
+    summary = json.loads((out / "summary.json").read_text())
+    assert "sampled_repeat_rate" in summary["tools"]["conditions"]["clean_retry"]
 
 
 def test_an_item_too_long_for_the_model_is_recorded_and_the_run_goes_on(tmp_path, data_dir):
     from fastscore.session import open_scorer
     from fastscore.study.envs import open_envs
     from fastscore.study.report import skipped_counts
-    from fastscore.study.stages.decode import greedy_stage
+    from fastscore.study.stages.decode import DecodePlan, greedy_stage
     from fastscore.study.stages.score import score_stage
 
     envs = open_envs(["tools"], data_dir)
@@ -203,7 +214,7 @@ def test_an_item_too_long_for_the_model_is_recorded_and_the_run_goes_on(tmp_path
     store.start({"test": 1}, resume=False)
     with open_scorer("smollm2-135m-instruct", "llamacpp", "q4_1", n_threads=2, progress=False) as scorer:
         score_stage(store, scorer, envs, [huge, item], progress=False)
-        greedy_stage(store, scorer, envs, [huge, item], lambda env: MAX_NEW, progress=False)
+        greedy_stage(store, scorer, envs, [huge, item], lambda env: MAX_NEW, DecodePlan(False, 0, SEED), progress=False)
     errors = store.item_errors().load()
     assert list(errors) == [huge.item_id]
     assert errors[huge.item_id][0]["reason"] == "context too long for the model"

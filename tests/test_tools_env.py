@@ -157,11 +157,14 @@ def test_evaluate_and_on_policy_items(tmp_path):
     rejected = evaluate(source, "calculate_area(width=3)")
     assert rejected.kind == "missing_required"
 
-    for action in ("calculate_area(width=4, height=3)", "The area is 12."):
+    # An accepted call that is the wrong answer gets no runtime error (a real runtime returns its result): excluded.
+    with pytest.raises(ValueError, match="no runtime error"):
+        item_from_failure(source, "calculate_area(width=4, height=3)", wrong, seed=0)
+    for action in ("calculate_area(width=3)", "The area is 12."):
         outcome = evaluate(source, action)
         item = item_from_failure(source, action, outcome, seed=0)
         assert item.failure_kind == "model" and item.error_message == outcome.error
-        assert item.candidates[:2] == (action, "calculate_area(width=3, height=4)")
+        assert item.candidates[:2] == (action, "calculate_area(width=3, height=4)"), item.candidates
         assert len(set(item.candidates)) == len(item.candidates) == 4
         assert action not in item.description
         assert item.item_id == "tools:simple_python_0:model"

@@ -38,10 +38,15 @@ RECORD_CONDITIONS = ("after", "success", "neutral", "description", "dont_repeat"
 BAN_CONTEXT = "after"  # the decoder ban acts on the harness that keeps the verbatim record
 # The decoder ban makes the failed string unreachable: its lp is -inf by construction, so G is undefined.
 GAIN_UNDEFINED = {"ban": "the decoder ban makes the failed action unreachable (lp = -inf by construction)"}
-GAIN_CONDITIONS = tuple(c for c in CONDITIONS if c != REFERENCE and c not in GAIN_UNDEFINED)
-# Remedies whose messages are the reference's own: G = 0 and the whole inversion "removed" by construction.
-SAME_AS_REFERENCE = {"clean_retry": "its messages are exactly `before`'s (the record is deleted), so G = 0 and the "
-                                    "inversion is removed by construction; only its greedy columns say anything"}
+# Remedies whose messages are the reference's own: G = 0 and the whole inversion "removed" by construction, so no
+# gain of theirs is reported. clean_retry is measured by sampled retries from the clean context instead, and only
+# under on-policy failures (the failure came from that very context); with seeded failures it is not applicable.
+SAME_AS_REFERENCE = {"clean_retry": "its messages are exactly `before`'s (the record is deleted), so G = 0 by "
+                                    "construction; it is measured by k sampled retries (on-policy failures only)"}
+GAIN_CONDITIONS = tuple(c for c in CONDITIONS
+                        if c != REFERENCE and c not in GAIN_UNDEFINED and c not in SAME_AS_REFERENCE)
+CLEAN_RETRY_SEEDED = ("not applicable under seeded failures: the failed action was not produced from the clean "
+                      "context, so retrying from it tests nothing")
 
 
 @dataclass(frozen=True)

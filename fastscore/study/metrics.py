@@ -18,6 +18,7 @@ import numpy as np
 
 from fastscore.errors import DataError
 from fastscore.study.conditions import (  # the study's vocabulary, re-exported for the tables' readers
+    CLEAN_RETRY_SEEDED,
     CONDITIONS,
     GAIN_CONDITIONS,
     GAIN_UNDEFINED,
@@ -26,6 +27,7 @@ from fastscore.study.conditions import (  # the study's vocabulary, re-exported 
     SAME_AS_REFERENCE,
 )
 from fastscore.study.envs import ENVS
+from fastscore.study.metrics_control import by_kind, copy_control, pooled, without_name_typos
 from fastscore.study.metrics_stats import (  # re-exported: the maths is part of this module's public API
     CI_LEVEL,
     Estimate,
@@ -38,9 +40,12 @@ from fastscore.study.metrics_stats import (  # re-exported: the maths is part of
     ratio_ci,
     resample_indices,
     share_removed,
+    wilson_ci,
 )
 
 log = logging.getLogger(__name__)
+
+POOLED = "pooled"  # the summary's key for estimates over the items of every environment together
 
 __all__ = [
     "CI_LEVEL", "CONDITIONS", "ENVS", "GAIN_CONDITIONS", "GAIN_UNDEFINED", "REFERENCE", "REMEDIES", "SAME_AS_REFERENCE",
@@ -50,7 +55,9 @@ __all__ = [
 ]
 
 GAIN_METRICS = ("gain", "gain_per_token", "odds_factor", "share_negative")
-ROW_METRICS = ("p_repeat", "p_repeat_norm", "greedy_repeat", "greedy_success", "banned_mass")
+# Per-item 0/1 outcomes: their share gets a Wilson interval, never a percentile bootstrap (which collapses at 0 and 1).
+BINARY_METRICS = ("greedy_repeat", "greedy_repeat_program", "greedy_success")
+ROW_METRICS = ("p_repeat", "p_repeat_norm", *BINARY_METRICS, "banned_mass", "p_sample_repeat", "sampled_repeat_rate")
 
 
 @dataclass(frozen=True)
@@ -68,13 +75,24 @@ class ScoreRow:
     p_repeat: float
     p_repeat_norm: float
     greedy: str | None = None
-    greedy_repeat: bool | None = None
+    greedy_repeat: bool | None = None  # token for token (end-of-turn included when scored)
     greedy_success: bool | None = None
     banned_mass: float | None = None
+    failure_kind: str | None = None  # the mutation kind (seeded) or "model:<runtime kind>" (on-policy)
+    greedy_repeat_program: bool | None = None  # the environment's own comparison (MBPP: the extracted program)
+    greedy_decoded: bool | None = None  # False: greedy read off the scoring pass's argmax chain, not decoded
+    token_lp: tuple[float, ...] | None = None  # the failed action's per-token log-probs under this condition
+    token_edited: tuple[bool, ...] | None = None  # per failed-action token: not shared with the correct action
+    sampled_k: int | None = None  # sampled retries (temperature 1.0) from this condition's context
+    sampled_repeat: int | None = None  # ... that reproduce the failed action token for token
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cand_lp", tuple(float(x) for x in self.cand_lp))
         object.__setattr__(self, "cand_n_tokens", tuple(int(x) for x in self.cand_n_tokens))
+        if self.token_lp is not None:
+            object.__setattr__(self, "token_lp", tuple(float(x) for x in self.token_lp))
+        if self.token_edited is not None:
+            object.__setattr__(self, "token_edited", tuple(bool(x) for x in self.token_edited))
         where = f"row {self.env}/{self.item_id}/{self.condition}"
         if self.env not in ENVS:
             raise DataError(f"{where}: unknown env {self.env!r} (expected one of {ENVS})")
@@ -155,6 +173,9 @@ class EnvTable:
     env: str
     item_ids: tuple[str, ...]
     columns: dict[str, dict[str, np.ndarray]] = field(repr=False)
+    # condition -> per item: (the failed action's token log-probs, which of its tokens are the edit) or None
+    tokens: dict[str, list[tuple[np.ndarray, np.ndarray] | None]] = field(default_factory=dict, repr=False)
+    kinds: tuple[str, ...] = ()  # each item's failure kind ("" when not recorded)
 
     def has(self, condition: str) -> bool:
         return condition in self.columns
@@ -172,14 +193,46 @@ class EnvTable:
             raise DataError(f"G is not defined for {condition!r}: {GAIN_UNDEFINED[condition]}")
         return corrective_gain(self.column(REFERENCE, "lp"), self.column(condition, "lp"))
 
+    def gain_correct(self, condition: str) -> np.ndarray:
+        """G of the correct action (candidate 1) in the same contexts: the copy control."""
+        return corrective_gain(self.column(REFERENCE, "correct_lp"), self.column(condition, "correct_lp"))
+
+    def subset(self, keep: np.ndarray) -> "EnvTable":
+        """The same table restricted to the items where `keep` is True."""
+        cols = {c: {name: v[keep] for name, v in by.items()} for c, by in self.columns.items()}
+        toks = {c: [t for t, k in zip(by, keep) if k] for c, by in self.tokens.items()}
+        kinds = tuple(k for k, kept in zip(self.kinds, keep) if kept)
+        return EnvTable(self.env, tuple(i for i, k in zip(self.item_ids, keep) if k), cols, toks, kinds)
+
 
 def _as_float(x: float | bool | None) -> float:
     return np.nan if x is None else float(x)
 
 
+def _derived(row: ScoreRow, name: str) -> float:
+    """A table column of one row: a ScoreRow field, or one computed from its fields."""
+    if name == "correct_lp":
+        return row.cand_lp[1] if len(row.cand_lp) > 1 and math.isfinite(row.cand_lp[1]) else np.nan
+    if name == "correct_n":
+        return float(row.cand_n_tokens[1]) if len(row.cand_n_tokens) > 1 else np.nan
+    if name == "p_sample_repeat":  # P(a temperature-1 sample is the failed action, token for token) = exp(lp)
+        return math.exp(row.lp) if row.condition not in GAIN_UNDEFINED else np.nan
+    if name == "sampled_repeat_rate":
+        return np.nan if not row.sampled_k or row.sampled_repeat is None else row.sampled_repeat / row.sampled_k
+    return _as_float(getattr(row, name))
+
+
+def _measured(row: ScoreRow) -> bool:
+    """clean_retry is a measurement only with sampled retries (on-policy failures); otherwise its messages are
+    before's and every number of it holds by construction, so its rows are left out of the tables."""
+    return row.condition != "clean_retry" or bool(row.sampled_k)
+
+
 def build_tables(rows: Iterable[ScoreRow]) -> dict[str, EnvTable]:
     by_env: dict[str, dict[tuple[str, str], ScoreRow]] = {}
     for row in rows:
+        if not _measured(row):
+            continue
         cell = by_env.setdefault(row.env, {})
         key = (row.item_id, row.condition)
         if key in cell:
@@ -191,16 +244,24 @@ def build_tables(rows: Iterable[ScoreRow]) -> dict[str, EnvTable]:
         ids = tuple(sorted({item for item, _ in cell}))
         pos = {item: i for i, item in enumerate(ids)}
         columns: dict[str, dict[str, np.ndarray]] = {}
+        tokens: dict[str, list[tuple[np.ndarray, np.ndarray] | None]] = {}
+        kinds = [""] * len(ids)
         for cond in CONDITIONS:
             members = [(pos[item], row) for (item, c), row in cell.items() if c == cond]
             if not members:
                 continue
-            cols = {name: np.full(len(ids), np.nan) for name in ("lp", "n_tokens") + ROW_METRICS}
+            cols = {name: np.full(len(ids), np.nan) for name in ("lp", "n_tokens", "correct_lp", "correct_n")
+                    + ROW_METRICS}
+            toks: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(ids)
             for i, row in members:
                 for name in cols:
-                    cols[name][i] = _as_float(getattr(row, name))
+                    cols[name][i] = _derived(row, name)
+                if row.token_lp is not None and row.token_edited is not None:
+                    toks[i] = (np.asarray(row.token_lp, dtype=float), np.asarray(row.token_edited, dtype=bool))
+                kinds[i] = kinds[i] or (row.failure_kind or "")
             columns[cond] = cols
-        tables[env] = EnvTable(env, ids, columns)
+            tokens[cond] = toks
+        tables[env] = EnvTable(env, ids, columns, tokens, tuple(kinds))
     return tables
 
 
@@ -212,7 +273,9 @@ def summarize(rows: Iterable[ScoreRow], seed: int = 0, n_boot: int = 2000) -> di
     tables = build_tables(rows)
     if not tables:
         raise DataError("no score rows to summarise")
-    summary = {env: _summarize_env(table, seed, n_boot) for env, table in tables.items()}
+    summary: dict[str, Any] = {env: _summarize_env(table, seed, n_boot) for env, table in tables.items()}
+    if len(tables) > 1:
+        summary[POOLED] = pooled(list(tables.values()), seed, n_boot)
     assert_json_safe(summary)
     return summary
 
@@ -228,6 +291,8 @@ def _summarize_env(table: EnvTable, seed: int, n_boot: int) -> dict[str, Any]:
         "conditions": {c: _condition_metrics(table, c, idx) for c in CONDITIONS if table.has(c)},
         "decomposition": _decomposition(table, idx),
         "remedies": _remedies(table, idx),
+        "by_kind": by_kind(table, seed, n_boot),
+        "without_name_typos": without_name_typos(table, seed, n_boot),
     }
 
 
@@ -238,6 +303,8 @@ def _condition_metrics(table: EnvTable, cond: str, idx: np.ndarray) -> dict[str,
         missing.update(dict.fromkeys(GAIN_METRICS, "reference condition: G(before) = 0 by definition"))
     elif cond in GAIN_UNDEFINED:
         missing.update(dict.fromkeys(GAIN_METRICS, f"not applicable: {GAIN_UNDEFINED[cond]}"))
+    elif cond in SAME_AS_REFERENCE:
+        missing.update(dict.fromkeys(GAIN_METRICS, f"by construction: {SAME_AS_REFERENCE[cond]}"))
     else:
         gain = table.gain(cond)
         if present_count(gain) == 0:
@@ -247,11 +314,14 @@ def _condition_metrics(table: EnvTable, cond: str, idx: np.ndarray) -> dict[str,
             out["gain"] = bootstrap_ci(gain, idx).to_dict()
             out["gain_per_token"] = per_token.to_dict()
             out["odds_factor"] = odds_factor(per_token).to_dict()
-            out["share_negative"] = bootstrap_ci(np.where(np.isnan(gain), np.nan, gain < 0), idx).to_dict()
+            out["share_negative"] = wilson_ci(np.where(np.isnan(gain), np.nan, gain < 0)).to_dict()
+            out.update(copy_control(table, cond, idx))
     for name in ROW_METRICS:
         values = table.column(cond, name)
         if present_count(values) == 0:
             missing[name] = f"not recorded for {cond!r}"
+        elif name in BINARY_METRICS:
+            out[name] = wilson_ci(values).to_dict()
         else:
             out[name] = bootstrap_ci(values, idx).to_dict()
     if missing:
@@ -309,6 +379,10 @@ def _decomposition(table: EnvTable, idx: np.ndarray) -> dict[str, Any]:
 def _remedies(table: EnvTable, idx: np.ndarray) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for remedy in REMEDIES:
+        if remedy in SAME_AS_REFERENCE:
+            reason = SAME_AS_REFERENCE[remedy] if table.has(remedy) else CLEAN_RETRY_SEEDED
+            out[remedy] = {"not_applicable": dict.fromkeys(("gain", "gain_after", "share_removed"), reason)}
+            continue
         mask, who = _needs(table, (REFERENCE, "after", remedy))
         if not mask.any():
             out[remedy] = {"not_applicable": dict.fromkeys(("gain", "gain_after", "share_removed"), f"no {who}")}

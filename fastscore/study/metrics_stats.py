@@ -106,6 +106,35 @@ def ratio_ci(num: np.ndarray, den: np.ndarray, idx: np.ndarray, level: float = C
     return Estimate(float(np.nanmean(num)) / den_mean, lo, hi, n, unstable=unstable, note=note)
 
 
+def wilson_ci(values: np.ndarray, level: float = CI_LEVEL) -> Estimate:
+    """Share of True among the present (non-NaN) 0/1 values, with the Wilson score interval.
+
+    A percentile bootstrap collapses at 0 and 1 (20/20 gives [1, 1]); Wilson does not (20/20 gives [0.839, 1]).
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    n = int(v.size)
+    if n == 0:
+        raise DataError("wilson_ci: no item has a value")
+    if not np.all((v == 0.0) | (v == 1.0)):
+        raise DataError("wilson_ci: values must be 0/1")
+    k = int(v.sum())
+    lo, hi = wilson_interval(k, n, level)
+    return Estimate(k / n, lo, hi, n, note="Wilson score interval")
+
+
+def wilson_interval(k: int, n: int, level: float = CI_LEVEL) -> tuple[float, float]:
+    """The Wilson score interval of k successes in n trials."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.5 + level / 2.0)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    # Clamped at the exact ends: at k = 0 (k = n) the lower (upper) bound is 0 (1) up to rounding.
+    return (0.0 if k == 0 else max(0.0, centre - half)), (1.0 if k == n else min(1.0, centre + half))
+
+
 def odds_factor(per_token_gain: Estimate) -> Estimate:
     """exp(-mean per-token G): the factor on each token's odds; the CI is the transformed bounds (order flips)."""
     g = per_token_gain

@@ -47,27 +47,33 @@ class ModelFailureBuilder:
         self.name, self.env, self.scorer = env.name, env, scorer
         self.seed, self.max_new_tokens = seed, max_new_tokens
 
-    def build(self, limit: int, progress: bool = False) -> tuple[list[Item], list[Skipped]]:
+    def build(self, limit: int | None, progress: bool = False) -> tuple[list[Item], list[Skipped]]:
+        """Up to `limit` items (None: from every usable source)."""
         items: list[Item] = []
         skipped: list[Skipped] = []
         examined = 0
-        pool_size = limit + max(2, math.ceil(0.25 * limit))  # a small model fails nearly always
+        target = math.inf if limit is None else limit
+        # A small model fails nearly always; None builds the whole pool at once.
+        pool_size = None if limit is None else limit + max(2, math.ceil(0.25 * limit))
         with tqdm(total=limit, desc=f"{self.name}: model's own failures", unit="item", disable=not progress) as bar:
-            while len(items) < limit:
+            while len(items) < target:
                 pool, pool_skipped = self.env.build_items(pool_size, self.seed)
                 if examined >= len(pool):
                     break  # every usable source was tried
-                while examined < len(pool) and len(items) < limit:
-                    # No more attempts than could still be needed: each one is a full greedy decode.
-                    chunk = pool[examined : examined + min(ATTEMPTS_PER_CALL, limit - len(items))]
+                while examined < len(pool) and len(items) < target:
+                    # A few more attempts than still needed, decoded side by side: many attempts are skipped (cut
+                    # off, passing, no item), and one attempt per call would decode them one after the other.
+                    want = int(min(ATTEMPTS_PER_CALL, max(4, 2 * (target - len(items)))))
+                    chunk = pool[examined : examined + want]
                     examined += len(chunk)
                     for made in self._attempts(chunk, skipped):
-                        if made is not None:
+                        if made is not None and len(items) < target:
                             items.append(made)
                             bar.update(1)
                 seen_skips = {(s.source_id, s.reason) for s in skipped}
                 skipped += [s for s in pool_skipped if (s.source_id, s.reason) not in seen_skips]
-                pool_size += 2 * (limit - len(items)) + 2
+                if pool_size is not None:
+                    pool_size += 2 * (int(target) - len(items)) + 2
         return items, skipped
 
     def build_window(self, start: int, stop: int, progress: bool = False) -> tuple[list[Item], list[Skipped]]:
@@ -95,12 +101,19 @@ class ModelFailureBuilder:
                 skipped.append(Skipped(self.name, item.source_id, error_reason(failed[item.item_id])))
                 yield None
                 continue
-            text = results[item.item_id][0].text
-            outcome = self.env.evaluate(item.source_id, text)
+            attempt = results[item.item_id][0]
+            text = attempt.text
             if not text.strip():
                 skipped.append(Skipped(self.name, item.source_id, "the model's attempt was empty"))
                 yield None
-            elif outcome.ok:
+                continue
+            if not self.env.finished_action(text, attempt.stopped_by):
+                # Not a finished action: it would be scored with an end-of-turn token the model never emitted.
+                skipped.append(Skipped(self.name, item.source_id, "the model's attempt was cut off at the token cap"))
+                yield None
+                continue
+            outcome = self.env.evaluate(item.source_id, text)
+            if outcome.ok:
                 skipped.append(Skipped(self.name, item.source_id, "the model's own attempt succeeded"))
                 yield None
             else:

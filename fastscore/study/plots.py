@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from fastscore.deps import require
-from fastscore.study.conditions import GAIN_CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES
+from fastscore.study.conditions import GAIN_CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES, SAME_AS_REFERENCE
 from fastscore.study.metrics import ScoreRow, build_tables
 
 log = logging.getLogger(__name__)
@@ -17,12 +17,16 @@ log = logging.getLogger(__name__)
 GAIN_PLOT = "gain_by_condition.png"
 REPEAT_PLOT = "p_repeat_before_after.png"
 REMEDY_PLOT = "remedy_inversion_removed.png"
-PLOT_FILES = (GAIN_PLOT, REPEAT_PLOT, REMEDY_PLOT)
+COPY_PLOT = "copy_control_failed_vs_correct.png"
+PLOT_FILES = (GAIN_PLOT, REPEAT_PLOT, REMEDY_PLOT, COPY_PLOT)
 PLOT_TITLES = {
     GAIN_PLOT: "Per-item corrective gain G by condition",
     REPEAT_PLOT: "P(repeat) before vs after the failure record",
     REMEDY_PLOT: "Share of the inversion removed by each remedy",
+    COPY_PLOT: "Copy control: G per token of the failed vs the correct action, per item (after)",
 }
+# Remedies drawn: clean_retry's G is 0 by construction (its messages are before's), so it has no bar.
+PLOTTED_REMEDIES = tuple(r for r in REMEDIES if r not in SAME_AS_REFERENCE)
 _JITTER_SEED = 0  # fixed so the same rows always draw the same figure
 
 
@@ -42,9 +46,10 @@ def write_plots(rows: Iterable[ScoreRow], summary: dict[str, Any], out_dir: Path
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = build_tables(rows)
-    envs = [env for env in summary if env in tables]
+    envs = [env for env in summary if env in tables]  # the pooled entry has no table of its own
     paths = []
-    for name, draw in ((GAIN_PLOT, _gain_figure), (REPEAT_PLOT, _repeat_figure), (REMEDY_PLOT, _remedy_figure)):
+    for name, draw in ((GAIN_PLOT, _gain_figure), (REPEAT_PLOT, _repeat_figure), (REMEDY_PLOT, _remedy_figure),
+                       (COPY_PLOT, _copy_figure)):
         fig = draw(plt, tables, summary, envs)
         path = out_dir / name
         fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -121,7 +126,7 @@ def _remedy_figure(plt: Any, tables: dict, summary: dict, envs: list[str]) -> An
     width = 0.8 / max(len(envs), 1)
     for k, env in enumerate(envs):
         remedies = summary[env]["remedies"]
-        for i, remedy in enumerate(REMEDIES):
+        for i, remedy in enumerate(PLOTTED_REMEDIES):
             est = remedies.get(remedy, {}).get("share_removed")
             if est is None:
                 continue
@@ -133,13 +138,45 @@ def _remedy_figure(plt: Any, tables: dict, summary: dict, envs: list[str]) -> An
             ax.text(x, 0.02, f"n={est['n']}", transform=ax.get_xaxis_transform(), ha="center", fontsize=7)
     ax.axhline(0.0, color="black", lw=1)
     ax.axhline(1.0, color="grey", lw=1, ls=":")
-    ax.set_xticks(range(len(REMEDIES)), list(REMEDIES))
+    ax.set_xticks(range(len(PLOTTED_REMEDIES)), list(PLOTTED_REMEDIES))
     ax.set_ylabel("1 - mean G(remedy) / mean G(after)")
     notes = [f"{c}: G not defined ({reason}); see P(repeat) in the report" for c, reason in GAIN_UNDEFINED.items()
              if any(c in summary[e]["remedies"] for e in envs)]
     notes.append("1 = inversion removed, 0 = no change, < 0 = worse; hatched = denominator CI includes 0")
+    notes.append("clean_retry: no bar (G = 0 by construction); see its sampled retries in the report")
     ax.set_title(PLOT_TITLES[REMEDY_PLOT] + " (95% CI)")
     ax.text(0.0, -0.16, "\n".join(notes), transform=ax.transAxes, va="top", fontsize=7, wrap=True)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(title="env")
     return fig
+
+
+def _copy_figure(plt: Any, tables: dict, summary: dict, envs: list[str]) -> Any:
+    fig, axes = _axes(plt, 1, len(envs), 4.8, 4.6)
+    for ax, env in zip(axes[0], envs):
+        table = tables[env]
+        if not (table.has(REFERENCE) and table.has("after")):
+            ax.set_title(f"{env}: no before/after pair")
+            continue
+        failed = table.gain("after") / table.column("after", "n_tokens")
+        correct = table.gain_correct("after") / table.column("after", "correct_n")
+        both = ~np.isnan(failed) & ~np.isnan(correct)
+        ax.scatter(correct[both], failed[both], s=16, alpha=0.6, color="tab:red", zorder=3)
+        values = np.concatenate([failed[both], correct[both], [0.0]])
+        lo, hi = float(values.min()) - 0.1, float(values.max()) + 0.1
+        ax.plot([lo, hi], [lo, hi], color="grey", ls=":", lw=1)
+        ax.axhline(0.0, color="black", lw=0.8, ls="--")
+        ax.axvline(0.0, color="black", lw=0.8, ls="--")
+        delta = summary[env]["conditions"].get("after", {}).get("delta_gain_per_token")
+        label = "" if delta is None else f"\nΔG/token {delta['mean']:.2f} [{_ci_text(delta)}]"
+        ax.set_title(f"{env} (n={int(both.sum())}){label}", fontsize=10)
+        ax.set_xlabel("G(correct action) / token  [nats]")
+        ax.set_ylabel("G(failed action) / token  [nats]")
+        ax.text(0.01, 0.01, "below the diagonal: the record favoured\nthe failed action more than the correct one",
+                transform=ax.transAxes, va="bottom", fontsize=7)
+    fig.suptitle(PLOT_TITLES[COPY_PLOT])
+    return fig
+
+
+def _ci_text(est: dict) -> str:
+    return "n/a" if est.get("lo") is None else f"{est['lo']:.2f}, {est['hi']:.2f}"

@@ -10,7 +10,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fastscore.study.conditions import CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES, SAME_AS_REFERENCE
+from fastscore.study.conditions import (
+    CLEAN_RETRY_SEEDED, CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES, SAME_AS_REFERENCE,
+)
+from fastscore.study.metrics import POOLED
+from fastscore.study.report_control import cell as _cell
+from fastscore.study.report_control import copy_control_section, delta_reading, kinds_section, pooled_section
+from fastscore.study.report_control import num as _num
+from fastscore.study.report_control import table as _table
 from fastscore.study.envs import env_class
 from fastscore.study.items import Skipped
 from fastscore.study.plots import PLOT_FILES, PLOT_TITLES
@@ -26,10 +33,24 @@ CONDITION_COLUMNS = (
     ("share_negative", "share G < 0"),
     ("p_repeat", "P(repeat)"),
     ("p_repeat_norm", "P(repeat), per-token norm."),
-    ("greedy_repeat", "greedy repro"),
+    ("greedy_repeat", "greedy repro, token for token"),
+    ("greedy_repeat_program", "greedy repro, env's match"),
     ("greedy_success", "greedy success"),
     ("banned_mass", "banned mass"),
+    ("p_sample_repeat", "P(T=1 sample = failed) = exp(lp)"),
+    ("sampled_repeat_rate", "sampled retries repeating"),
 )
+# Cells whose value holds by construction, per failure source: (condition, column) -> why.
+BY_CONSTRUCTION = {
+    ("ban", "p_repeat"): "0 by construction", ("ban", "p_repeat_norm"): "0 by construction",
+    ("ban", "greedy_repeat"): "0 by construction",
+}
+BY_CONSTRUCTION_MODEL = {
+    **{(c, k): "the model's own attempt: by construction" for c in ("before", "clean_retry")
+       for k in ("greedy_repeat", "greedy_repeat_program", "greedy_success")},
+    ("clean_retry", "p_repeat"): "= before's by construction", ("clean_retry", "p_repeat_norm"): "= before's",
+    ("clean_retry", "p_sample_repeat"): "= before's by construction",
+}
 RUN_PARAMETERS = (
     ("model", "model"),
     ("backend", "backend"),
@@ -37,6 +58,9 @@ RUN_PARAMETERS = (
     ("seed", "seed"),
     ("limit", "item limit per env"),
     ("failure_source", "failure source"),
+    ("retries", "sampled clean retries per item (temperature 1.0)"),
+    ("end_of_turn", "end-of-turn token scored"),
+    ("greedy_from", "greedy completions"),
     ("n_boot", "bootstrap resamples"),
     ("date", "date"),
     ("command", "command line"),
@@ -46,17 +70,20 @@ RUN_PARAMETERS = (
 def write_report(summary: dict[str, Any], out_dir: Path, meta: dict[str, Any]) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    envs = {env: s for env, s in summary.items() if env != POOLED}
     parts = [
         "# fastscore study: the corrective gain of a failure record",
         _conventions(),
         "## Weights\n\n" + str(meta.get("weights", NOT_RECORDED)),
         *([f"**{meta['sandbox_note']}.**"] if meta.get("sandbox_note") else []),
         _run_parameters(meta),
-        _stage_timings(meta.get("stage_seconds") or {}),
-        _items(summary, meta.get("skipped") or {}),
+        _stage_timings(meta.get("stage_seconds") or {}, meta.get("stage_tokens") or {}),
+        _items(envs, meta.get("skipped") or {}),
+        *([pooled_section(summary[POOLED])] if POOLED in summary else []),
     ]
-    for env, env_summary in summary.items():
-        parts.append(_env_section(env, env_summary))
+    marks = {**BY_CONSTRUCTION, **(BY_CONSTRUCTION_MODEL if meta.get("failure_source") == "model" else {})}
+    for env, env_summary in envs.items():
+        parts.append(_env_section(env, env_summary, marks))
     parts.append(_plots(out_dir))
     path = out_dir / REPORT_NAME
     path.write_text("\n\n".join(parts).rstrip() + "\n", encoding="utf-8")
@@ -77,10 +104,6 @@ def _conventions() -> str:
     )
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def _run_parameters(meta: dict[str, Any]) -> str:
@@ -92,12 +115,18 @@ def _run_parameters(meta: dict[str, Any]) -> str:
     return "## Run parameters\n\n" + _table(["parameter", "value"], rows)
 
 
-def _stage_timings(stage_seconds: dict[str, float]) -> str:
+def _stage_timings(stage_seconds: dict[str, float], stage_tokens: dict[str, int]) -> str:
     if not stage_seconds:
         return "## Stage timings\n\nNo stage timings were recorded."
-    rows = [[stage, f"{seconds:.1f}"] for stage, seconds in stage_seconds.items()]
-    rows.append(["**total**", f"**{sum(stage_seconds.values()):.1f}**"])
-    return "## Stage timings\n\n" + _table(["stage", "seconds"], rows)
+    rows = []
+    for stage, seconds in stage_seconds.items():
+        tokens = stage_tokens.get(stage)
+        rate = f"{tokens / seconds:.0f}" if tokens and seconds > 0 else ""
+        rows.append([stage, f"{seconds:.1f}", "" if tokens is None else str(tokens), rate])
+    rows.append(["**total**", f"**{sum(stage_seconds.values()):.1f}**", str(sum(stage_tokens.values()) or ""), ""])
+    return ("## Stage timings\n\nTokens: what the model computed in the stage (the backend's counter of tokens fed "
+            "through it, prefixes shared between requests counted once).\n\n"
+            + _table(["stage", "seconds", "tokens computed", "tok/s"], rows))
 
 
 def _items(summary: dict[str, Any], skipped: dict[str, dict[str, int]]) -> str:
@@ -118,18 +147,8 @@ def _items(summary: dict[str, Any], skipped: dict[str, dict[str, int]]) -> str:
     return text
 
 
-def _num(x: float) -> str:
-    if x == 0:
-        return "0"
-    return f"{x:.2e}" if abs(x) < 1e-3 or abs(x) >= 1e5 else f"{x:.3f}"
 
 
-def _cell(entry: dict[str, Any] | None, reason: str | None = None) -> str:
-    if entry is None:
-        return f"n/a ({reason})" if reason else "n/a"
-    ci = "[n/a]" if entry.get("lo") is None else f"[{_num(entry['lo'])}, {_num(entry['hi'])}]"
-    flag = " ⚠" if entry.get("unstable") else ""
-    return f"{_num(entry['mean'])} {ci} ({entry['n']}){flag}"
 
 
 def _short_reason(reason: str | None) -> str | None:
@@ -144,12 +163,19 @@ def _short_reason(reason: str | None) -> str | None:
     return reason
 
 
-def _condition_table(conditions: dict[str, Any]) -> str:
+def _condition_table(conditions: dict[str, Any], marks: dict[tuple[str, str], str]) -> str:
     rows = []
     for cond, metrics in conditions.items():
         missing = metrics.get("not_applicable", {})
-        rows.append([cond] + [_cell(metrics.get(k), _short_reason(missing.get(k))) for k, _ in CONDITION_COLUMNS])
-    return _table(["condition"] + [label for _, label in CONDITION_COLUMNS], rows)
+        cells = []
+        for k, _ in CONDITION_COLUMNS:
+            text = _cell(metrics.get(k), _short_reason(missing.get(k)))
+            cells.append(f"{text} ({marks[cond, k]})" if (cond, k) in marks and k in metrics else text)
+        rows.append([cond] + cells)
+    note = ("\n\nP(T=1 sample = failed) = exp(lp): the exact probability that one sample at temperature 1.0 from "
+            "that context is the failed action token for token; `sampled retries repeating` is the measured share of "
+            "k seeded samples from the clean context (clean_retry, on-policy failures only), which estimates it.")
+    return _table(["condition"] + [label for _, label in CONDITION_COLUMNS], rows) + note
 
 
 def _decomposition_table(dec: dict[str, Any]) -> str:
@@ -172,12 +198,23 @@ def _remedy_table(remedies: dict[str, Any], conditions: dict[str, Any]) -> str:
         missing = entry.get("not_applicable", {})
         cond = conditions.get(remedy, {})
         reason = (lambda k: "not applicable") if remedy in GAIN_UNDEFINED else missing.get
+        if remedy in SAME_AS_REFERENCE and remedy not in conditions:
+            rows.append([remedy] + [f"n/a ({CLEAN_RETRY_SEEDED.split(':')[0]})"] + [""] * 7)
+            continue
+        if remedy in SAME_AS_REFERENCE:
+            rows.append([remedy] + ["n/a (G = 0 by construction)"] * 3
+                        + [_cell(cond.get("p_repeat")) + " (= before's)", "(the own attempt)", "(the own attempt)",
+                           _cell(cond.get("banned_mass")), _cell(cond.get("sampled_repeat_rate"))])
+            continue
         rows.append([remedy] + [_cell(entry.get(k), reason(k)) for k in ("gain", "gain_after", "share_removed")]
-                    + [_cell(cond.get(k)) for k in ("p_repeat", "greedy_repeat", "greedy_success", "banned_mass")])
+                    + [_cell(cond.get(k)) for k in ("p_repeat", "greedy_repeat", "greedy_success", "banned_mass",
+                                                     "p_sample_repeat")])
     header = ["remedy", "G(remedy)", "G(after), same items", "share of inversion removed",
-              "P(repeat)", "greedy repro", "greedy success", "banned mass"]
+              "P(repeat)", "greedy repro", "greedy success", "banned mass",
+              "P(T=1 sample = failed) (clean_retry: sampled share)"]
     notes = [f"G is not applicable to `{c}`: {reason}." for c, reason in GAIN_UNDEFINED.items() if c in remedies]
-    notes += [f"`{c}`: {why}." for c, why in SAME_AS_REFERENCE.items() if c in remedies]
+    notes += [f"`{c}`: {why}." if c in conditions else f"`{c}`: {CLEAN_RETRY_SEEDED}."
+              for c, why in SAME_AS_REFERENCE.items() if c in remedies]
     notes.append("Share of the inversion removed = 1 - mean G(remedy) / mean G(after) on the items having both: "
                  "1 removes it, 0 leaves it, below 0 makes it worse.")
     return _table(header, rows) + "\n\n" + " ".join(notes)
@@ -203,47 +240,63 @@ def _reading(summary: dict[str, Any]) -> str:
     per_token, odds = after.get("gain_per_token"), after.get("odds_factor")
     if per_token and odds:
         direction = "rise" if odds["mean"] > 1 else "fall"
-        lines.append(f"Per action token that is {_num(per_token['mean'])} nats: the odds of each failed-action "
-                     f"token {direction} by a factor of {_num(odds['mean'])}.")
+        lines.append(f"Per action token that is {_cell(per_token)} nats: the odds of each failed-action "
+                     f"token {direction} by a factor of {_cell(odds)}.")
     if "share_negative" in after:
-        lines.append(f"G(after) < 0 on {100 * after['share_negative']['mean']:.0f}% of "
-                     f"{after['share_negative']['n']} items.")
+        share = after["share_negative"]
+        lines.append(f"G(after) < 0 on {100 * share['mean']:.0f}% of {share['n']} items "
+                     f"(Wilson 95% CI {100 * share['lo']:.0f}-{100 * share['hi']:.0f}%).")
+    delta = delta_reading(after)
+    if delta:
+        lines.append(delta)
+    typos = summary.get("without_name_typos") or {}
+    if typos.get("n_items") and "gain_per_token" in typos and typos["n_items"] < summary.get("n_items", 0):
+        lines.append(f"Without name typos ({typos['n_items']} items): G(after) / token = "
+                     f"{_cell(typos['gain_per_token'])}, ΔG / token = {_cell(typos.get('delta_gain_per_token'))}.")
     before = conds.get(REFERENCE, {})
     for key, what in (("p_repeat", "P(repeat) over the candidate set"), ("greedy_repeat", "Greedy exact reproduction")):
         if key in before and key in after:
-            lines.append(f"{what} goes from {_num(before[key]['mean'])} before the record to "
-                         f"{_num(after[key]['mean'])} after it.")
+            lines.append(f"{what} goes from {_cell(before[key])} before the record to {_cell(after[key])} after it.")
     if "surface_share" in dec:
         share = dec["surface_share"]
         caveat = " (unstable: the CI of mean G(after) includes 0)" if share.get("unstable") else ""
         lines.append(f"The neutral acknowledgement after the same verbatim call alone gives "
-                     f"{100 * share['mean']:.0f}% of mean G(after){caveat}: that is the surface part.")
+                     f"{100 * share['mean']:.0f}% [{_ci_pct(share)}] of mean G(after){caveat}: that is the surface "
+                     "part.")
     shares = {r: e["share_removed"] for r, e in rem.items() if r in REMEDIES and "share_removed" in e}
     if shares:
         if after["gain"]["mean"] >= 0:
             lines.append("G(after) is not negative here, so there is no inversion to remove; the remedy shares "
                          "only compare gains.")
-        parts = [f"{r} {100 * s['mean']:.0f}%{' (unstable)' if s.get('unstable') else ''}"
-                 + (" (by construction)" if r in SAME_AS_REFERENCE else "") for r, s in shares.items()]
-        informative = [r for r in shares if r not in SAME_AS_REFERENCE]
-        best = ""
-        if informative:
-            best = f"; of the remedies that change the messages the largest is " \
-                   f"{max(informative, key=lambda r: shares[r]['mean'])}"
+        parts = [f"{r} {100 * s['mean']:.0f}% [{_ci_pct(s)}]{' (unstable)' if s.get('unstable') else ''}"
+                 for r, s in shares.items()]
+        best = f"; the largest is {max(shares, key=lambda r: shares[r]['mean'])}"
         lines.append("Share of the inversion removed: " + ", ".join(parts) + best + ".")
+    clean = conds.get("clean_retry", {}).get("sampled_repeat_rate")
+    if clean is not None:
+        others = {c: conds[c]["p_sample_repeat"]["mean"] for c in ("after", "description", "dont_repeat")
+                  if "p_sample_repeat" in conds.get(c, {})}
+        worse = [c for c, v in others.items() if v > clean["mean"]]
+        lines.append(f"Clean retry: {_cell(clean)} of sampled retries from the clean context repeat the failed "
+                     f"action; a temperature-1 sample repeats it with probability "
+                     + ", ".join(f"{_num(v)} under {c}" for c, v in others.items())
+                     + (f" — clean retry is {'not ' if worse else ''}the worst of these harnesses for repetition."
+                        if others else "."))
     for cond in GAIN_UNDEFINED:
         if "p_repeat" in conds.get(cond, {}):
             lines.append(f"Under `{cond}` G is not defined; P(repeat) is {_num(conds[cond]['p_repeat']['mean'])}.")
     return "\n".join(f"- {line}" for line in lines)
 
 
-def _env_section(env: str, summary: dict[str, Any]) -> str:
+def _env_section(env: str, summary: dict[str, Any], marks: dict[tuple[str, str], str]) -> str:
     boot = summary.get("bootstrap", {})
     return "\n\n".join([
         f"## Results: {env}",
         f"{summary['n_items']} items; bootstrap: {boot.get('n_boot')} resamples, seed {boot.get('seed')}.",
         "### Reading\n\n" + _reading(summary),
-        "### Conditions\n\n" + _condition_table(summary["conditions"]),
+        "### Conditions\n\n" + _condition_table(summary["conditions"], marks),
+        copy_control_section(summary["conditions"]),
+        kinds_section(summary),
         "### Decomposition\n\n" + _decomposition_table(summary["decomposition"]),
         "### Remedies\n\n" + _remedy_table(summary["remedies"], summary["conditions"]),
     ])
@@ -270,7 +323,8 @@ def skipped_counts(skipped: Sequence[Skipped], errors: Sequence[dict[str, Any]])
 
 
 def report_meta(config, weights: str, skipped: Sequence[Skipped], errors: Sequence[dict[str, Any]],
-                 stage_seconds: dict[str, float], resumed: bool) -> dict[str, Any]:
+                 stage_seconds: dict[str, float], resumed: bool, stage_tokens: dict[str, int] | None = None
+                 ) -> dict[str, Any]:
     return {
         "weights": weights,
         "model": config.model,
@@ -279,10 +333,13 @@ def report_meta(config, weights: str, skipped: Sequence[Skipped], errors: Sequen
         "seed": config.seed,
         "limit": config.limit,
         "failure_source": config.failures,
+        "retries": config.retries if config.failures == "model" else "none (seeded failures)",
+        "end_of_turn": config.include_end_of_turn,
         "n_boot": config.n_boot,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": shlex.join(["fastscore", *sys.argv[1:]]) + (" (resumed)" if resumed else ""),
         "stage_seconds": {k: round(v, 1) for k, v in stage_seconds.items()},
+        "stage_tokens": dict(stage_tokens or {}),
         "skipped": skipped_counts(skipped, errors),
         "sandbox_note": next((note for name in config.envs
                               if (note := env_class(name).isolation_note(config.sandbox))), None),
@@ -291,8 +348,16 @@ def report_meta(config, weights: str, skipped: Sequence[Skipped], errors: Sequen
 
 def headline(outcome) -> list[str]:
     """A few lines for the terminal: the main numbers of each environment and the measured time."""
+    if outcome.by_source:
+        lines = []
+        for source, sub in outcome.by_source.items():
+            lines += [f"[{source}] {line}" for line in headline(sub)]
+        lines.append(f"measured time, both failure sources: {outcome.total_seconds:.0f} s")
+        return lines
     lines = []
     for env, s in outcome.summary.items():
+        if env == POOLED:
+            continue
         conds = s["conditions"]
         after, before = conds.get("after", {}), conds.get("before", {})
         parts = [f"{env}: {s['n_items']} items"]
@@ -300,6 +365,9 @@ def headline(outcome) -> list[str]:
             g, t = after["gain"], after["gain_per_token"]
             parts.append(f"G(after) = {g['mean']:.2f} nats [{_ci(g)}], {t['mean']:.3f} nats/token")
             parts.append(f"share G<0 = {after['share_negative']['mean']:.0%}")
+            if "delta_gain" in after:
+                d = after["delta_gain"]
+                parts.append(f"ΔG = G(failed) - G(correct) = {d['mean']:.2f} nats [{_ci(d)}]")
         if "p_repeat" in before and "p_repeat" in after:
             parts.append(f"P(repeat) {before['p_repeat']['mean']:.2f} -> {after['p_repeat']['mean']:.2f}")
         if "greedy_repeat" in before and "greedy_repeat" in after:
@@ -312,6 +380,10 @@ def headline(outcome) -> list[str]:
     if outcome.n_item_errors:
         lines.append(f"{outcome.n_item_errors} item(s) could not be scored; reasons in the report")
     return lines
+
+
+def _ci_pct(est: dict[str, Any]) -> str:
+    return "n/a" if est.get("lo") is None else f"{100 * est['lo']:.0f}, {100 * est['hi']:.0f}%"
 
 
 def _ci(est: dict[str, Any]) -> str:

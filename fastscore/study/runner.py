@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +27,15 @@ from fastscore.study.envs.base import StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.metrics import read_score_rows, summarize
 from fastscore.study.onpolicy import ModelFailureBuilder
-from fastscore.study.stages.decode import greedy_stage
+from fastscore.study.stages.decode import DecodePlan, greedy_stage
 from fastscore.study.stages.score import score_stage
 from fastscore.study.store import SCORES_FILE, StudyStore
 
 log = logging.getLogger(__name__)
 
 FAILURE_SOURCES = ("seeded", "model")
+BOTH = "both"  # every failure source, each in its own subfolder of --out, reported side by side
+RETRIES = 8  # sampled clean retries per on-policy item
 # Items per env of `make study`, sized so both envs, all conditions and greedy decoding finish in about ten minutes
 # on the 2-core study machine. Measured with nothing else running: 20 per env took 466 s (scoring 217 s, greedy
 # 242 s; 512 s before the scorer's group budget), 8 per env 205 s. Other jobs on the same 2 cores slow it roughly
@@ -48,9 +50,12 @@ class StudyConfig:
     backend: str = "llamacpp"
     quant: str | None = None  # None: the backend's default quant for the model (session.default_quant)
     envs: tuple[str, ...] = ENVS
-    limit: int = DEFAULT_LIMIT  # items per environment
+    limit: int | None = DEFAULT_LIMIT  # items per environment; None: every usable item
     seed: int = 0
-    failures: str = "seeded"  # "seeded": mutations of the ground truth; "model": the model's own failed attempts
+    # "seeded": mutations of the ground truth; "model": the model's own failed attempts; "both": each in turn
+    failures: str = BOTH
+    retries: int = RETRIES  # sampled clean retries per on-policy item (temperature 1.0, seeded)
+    include_end_of_turn: bool = True  # score the end-of-turn token after the action (False: the action alone)
     out_dir: Path = Path("study-out")
     data_dir: Path = field(default_factory=default_data_dir)
     resume: bool = False
@@ -85,6 +90,8 @@ class StudyConfig:
             "limit": self.limit,
             "seed": self.seed,
             "failures": self.failures,
+            "retries": self.retries,
+            "include_end_of_turn": self.include_end_of_turn,
             "data_dir": str(Path(self.data_dir).resolve()),
             "max_new_tokens": {env: self.new_tokens(env) for env in self.envs},
             "hf_path": None if self.hf_path is None else str(Path(self.hf_path).resolve()),
@@ -102,20 +109,27 @@ class StudyOutcome:
     stage_seconds: dict[str, float]  # this invocation's stages
     total_seconds: float
     files: tuple[Path, ...]
+    by_source: dict[str, "StudyOutcome"] | None = None  # --failures both: each source's own outcome
 
 
 class StageTimer:
+    """Seconds per stage and, where a token counter is given, the tokens the model computed in it."""
+
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self.tokens: dict[str, int] = {}
 
     @contextlib.contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
+    def __call__(self, stage: str, tokens: Callable[[], int] | None = None) -> Iterator[None]:
         log.info("stage: %s", stage)
         start = time.perf_counter()
+        first = tokens() if tokens is not None else 0
         try:
             yield
         finally:
             self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+            if tokens is not None:
+                self.tokens[stage] = self.tokens.get(stage, 0) + tokens() - first
 
 
 def check_config(config: StudyConfig) -> None:
@@ -127,12 +141,16 @@ def check_config(config: StudyConfig) -> None:
     unknown = [env for env in config.envs if env not in ENVS]
     if unknown or not config.envs:
         raise DataError(f"unknown environment(s) {unknown or config.envs}: choose from {', '.join(ENVS)}")
-    if config.failures not in FAILURE_SOURCES:
-        raise DataError(f"--failures must be one of {', '.join(FAILURE_SOURCES)} (got {config.failures!r})")
-    if config.limit < 1:
-        raise DataError(f"--limit must be at least 1 (got {config.limit})")
+    if config.failures not in (*FAILURE_SOURCES, BOTH):
+        raise DataError(f"--failures must be one of {', '.join((*FAILURE_SOURCES, BOTH))} (got {config.failures!r})")
+    if config.limit is not None and config.limit < 1:
+        raise DataError(f"--limit must be at least 1 or 'all' (got {config.limit})")
+    if config.retries < 0:
+        raise DataError(f"--retries must be at least 0 (got {config.retries})")
     if config.window is not None and not 0 <= config.window[0] < config.window[1]:
         raise DataError(f"an item window needs 0 <= start < stop (got {config.window})")
+    if config.window is not None and config.failures == BOTH:
+        raise DataError("an item window (a sweep shard) runs one failure source, not both")
     if config.n_boot < 1:
         raise DataError(f"n_boot must be at least 1 (got {config.n_boot})")
     if config.max_new_tokens is not None and config.max_new_tokens < 1:
@@ -146,7 +164,18 @@ def _open_scorer(config: StudyConfig, progress: bool):
     from fastscore.session import open_scorer  # imports a backend: only when a study actually runs
 
     return open_scorer(config.model, config.backend, config.quant, hf_path=config.hf_path, n_threads=config.threads,
-                       progress=progress)
+                       progress=progress, include_end_of_turn=config.include_end_of_turn)
+
+
+def decode_plan(config: StudyConfig) -> DecodePlan:
+    """Greedy completions come off the argmax chain only where that is exact: a batch-invariant full-precision type
+    (a quantised llama.cpp type's argmax moves with the batch) scoring the end-of-turn token (else the chain does not
+    say where greedy decoding stops). Sampled retries only for the model's own failures."""
+    from fastscore.variants import FULL_PRECISION
+
+    exact = FULL_PRECISION.get(config.backend) == config.quant
+    return DecodePlan(argmax_chain=exact and config.include_end_of_turn,
+                      retries=config.retries if config.failures == "model" else 0, seed=config.seed)
 
 
 def _build_items(config: StudyConfig, envs: Mapping[str, StudyEnv], scorer, progress: bool
@@ -192,7 +221,18 @@ def run_study(
     with OutDirLock(Path(config.out_dir)), contextlib.ExitStack() as isolated:
         for name in config.envs:  # before any model loads: a missing sandbox stops the run here
             isolated.enter_context(env_class(name).isolation(config.sandbox))
-        return _run_locked(config, started, progress, after_item, scorer, report)
+        if config.failures != BOTH:
+            return _run_locked(config, started, progress, after_item, scorer, report)
+        # Each source is a complete study in its own subfolder (resumable on its own); the top folder gets the
+        # side-by-side report and a summary keyed by source.
+        from fastscore.study.sources import combine_sources
+
+        outcomes = {}
+        for source in FAILURE_SOURCES:
+            sub = replace(config, failures=source, out_dir=Path(config.out_dir) / source)
+            log.info("failure source %s -> %s", source, sub.out_dir)
+            outcomes[source] = _run_locked(sub, time.perf_counter(), progress, after_item, scorer, report)
+        return combine_sources(config, outcomes, time.perf_counter() - started)
 
 
 def _run_locked(config: StudyConfig, started: float, progress: bool,
@@ -206,7 +246,8 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
     try:
         # Only now, with every setting valid and the model loaded, may the previous run's files be replaced.
         resumed = store.start(config.result_settings(), config.resume)
-        with timer("build items"):
+        computed = lambda: scorer.backend.stats.computed_tokens  # noqa: E731
+        with timer("build items", computed):
             stored = store.load_items() if resumed else None
             if stored is None:
                 items, skipped = _build_items(config, envs, scorer, progress)
@@ -215,10 +256,11 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
                 items, skipped = stored
                 log.info("resume: reusing the %d stored items", len(items))
         n_resumed = len(store.scores(rows_per_item=len(CONDITIONS)).load())
-        with timer("score candidate sets"):
+        with timer("score candidate sets", computed):
             score_stage(store, scorer, envs, items, progress=progress, after_item=after_item)
-        with timer("greedy decoding"):
-            greedy_stage(store, scorer, envs, items, config.new_tokens, progress=progress, after_item=after_item)
+        with timer("greedy decoding", computed):
+            greedy_stage(store, scorer, envs, items, config.new_tokens, decode_plan(config), progress=progress,
+                         after_item=after_item)
         weights = scorer.weights_note
     finally:
         if given_scorer is None:
@@ -248,6 +290,8 @@ def _write_report(config, store, rows, summary, weights, skipped, errors, timer,
         from fastscore.study.report import report_meta, write_report
 
         plots = write_plots(rows, summary, Path(config.out_dir))  # before the report, which links the plots
-        meta = report_meta(config, weights, skipped, errors, timer.seconds, resumed)
+        meta = report_meta(config, weights, skipped, errors, timer.seconds, resumed, timer.tokens)
+        meta["greedy_from"] = ("the scoring pass's argmax chain where a candidate's chain is complete (exact type), "
+                               "decoded otherwise" if decode_plan(config).argmax_chain else "decoded")
         report = write_report(summary, Path(config.out_dir), meta)
     return plots, (report,)

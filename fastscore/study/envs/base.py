@@ -79,6 +79,10 @@ class StudyEnv(abc.ABC):
     def success_message(self, item: Item) -> str:
         """What the harness prints when the action succeeds (the `success` counterfactual)."""
 
+    def finished_action(self, text: str, stopped_by: str) -> bool:
+        """Is a model's attempt a finished action? By default: it ended its turn (not cut off at the token cap)."""
+        return stopped_by == "end_of_turn"
+
     def same_action(self, text: str, failed_action: str) -> bool:
         """Does a completion reproduce the failed action? Text equality up to surrounding whitespace, as the
         decoder's ban compares."""

@@ -1,23 +1,45 @@
-"""Stage 2: every condition decoded greedily; with the stored log-probs, each item's ScoreRows go to scores.jsonl."""
+"""Stage 2: each condition's greedy completion, sampled clean retries; with the stored log-probs, each item's ScoreRows
+go to scores.jsonl.
+
+Decoding is done only where a completion is needed. On an exact backend, greedy decoding reproduces a scored
+candidate token for token exactly when each of its scored tokens (end-of-turn included) was the argmax in the scoring
+pass, so where a candidate's argmax chain is complete the completion is that candidate and nothing is decoded. The
+rest (no candidate's chain complete, the decoder ban, the model's own attempt) is decoded. On-policy items also get
+k sampled retries from the clean context (temperature 1.0, each from a generator seeded by the run's seed and the
+retry's id), budgeted to the failed action's length: a retry repeats it only by emitting exactly its tokens, then
+stopping.
+"""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
-from fastscore.records import GreedyResult
-from fastscore.study.conditions import CONDITIONS, by_condition, distinct, render_conditions
+from fastscore.records import GreedyRequest, GreedyResult
+from fastscore.study.conditions import CONDITIONS, REFERENCE, by_condition, distinct, render_conditions
 from fastscore.study.envs.base import StudyEnv
 from fastscore.study.isolate import call_isolating, chunks
 from fastscore.study.items import Item
 from fastscore.study.onpolicy import own_attempt
-from fastscore.study.rows import score_rows
+from fastscore.study.rows import reproduces, score_rows
 from fastscore.study.stages import errored_at, store_results
 from fastscore.study.store import StudyStore
 
-ITEMS_PER_GREEDY_CALL = 4  # x 7 distinct contexts decoded side by side
+ITEMS_PER_GREEDY_CALL = 8  # x up to 7 distinct contexts decoded side by side (the scorer batches them by 32)
+RETRY_CONDITION = "clean_retry"
+RETRY_TEMPERATURE = 1.0
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    argmax_chain: bool  # read greedy completions off the argmax chain (only valid on an exact, batch-invariant type)
+    retries: int  # sampled clean retries per on-policy item (0: none)
+    seed: int
 
 
 def greedy_budget(cap: int, lp_record: dict[str, Any]) -> int:
@@ -28,14 +50,30 @@ def greedy_budget(cap: int, lp_record: dict[str, Any]) -> int:
     return min(cap, -(-2 * longest // 16) * 16)
 
 
+def chain_completion(request_id: str, scored: dict[str, Any], tokenizer) -> GreedyResult | None:
+    """The greedy completion the scoring pass already determines: the candidate whose scored tokens were all the
+    argmax, end-of-turn included (None if no candidate's chain is complete or a token straddled the boundary)."""
+    if not scored.get("end_of_turn") or "cand_argmax" not in scored:
+        return None
+    for ids, complete, straddles in zip(scored["cand_token_ids"], scored["cand_argmax"], scored["cand_straddles"]):
+        if complete and not straddles:
+            body = tuple(ids[:-1])
+            return GreedyResult(id=request_id, text=tokenizer.decode(body), token_ids=body, stopped_by="end_of_turn")
+    return None
+
+
+def retry_rng(seed: int, request_id: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(request_id.encode())])
+
+
 def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items: Sequence[Item],
-                 new_tokens: Callable[[str], int], *, progress: bool = False,
+                 new_tokens: Callable[[str], int], plan: DecodePlan, *, progress: bool = False,
                  after_item: Callable[[str, str], None] | None = None) -> None:
-    """Decode every condition greedily and append each item's complete ScoreRows to scores.jsonl.
+    """Complete every condition and append each item's ScoreRows to scores.jsonl.
 
     Decoder calls hold fixed chunks of each environment's scored items (as in score_stage), one call per distinct
-    token budget (greedy_budget) in a chunk, so an item's completions depend only on the item. An on-policy item's
-    `before` completion is the model's own attempt it was built from (see own_attempt), not decoded again.
+    token budget (greedy_budget) in a chunk. An on-policy item's `before` completion is the model's own attempt it
+    was built from (see own_attempt), not decoded again.
     """
     lp = store.logprobs().load()
     err_log = store.item_errors()
@@ -51,27 +89,77 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
                 if all(item.item_id in done for item in chunk):
                     continue
                 members = [item for item in chunk if item.item_id not in failed_here]
-                contexts = {item.item_id: render_conditions(item, envs[env]) for item in members}
-                stands_for = {i: distinct(c, lambda x: (x.messages, x.banned)) for i, c in contexts.items()}
-                budgets = {i: greedy_budget(new_tokens(env), lp[i][0]) for i in contexts}
-                results: dict[str, list[GreedyResult]] = {}
-                failed: dict[str, Exception] = {}
-                attempts = {item.item_id: own_attempt(item) for item in members}
-                for budget in sorted(set(budgets.values())):
-                    requests = {i: [c.greedy_request() for c in cs if stands_for[i][c.condition] == c.condition
-                                    and not (c.condition == "before" and attempts[i] is not None)]
-                                for i, cs in contexts.items() if budgets[i] == budget}
-                    decode = lambda reqs, n=budget: scorer.greedy(reqs, max_new_tokens=n)  # noqa: E731
-                    ok, bad = call_isolating(decode, requests, lambda r: r.id)
-                    results.update(ok)
-                    failed.update(bad)
+                _complete_chunk(members, lp, scorer, envs[env], new_tokens(env), plan, done, err_log, scores_log,
+                                bar, after_item)
 
-                def stored(item: Item) -> None:
-                    by_cond = by_condition(results[item.item_id])
-                    if attempts[item.item_id] is not None:
-                        by_cond["before"] = attempts[item.item_id]
-                    greedy = {c: by_cond[rep] for c, rep in stands_for[item.item_id].items()}
-                    rows = score_rows(item, lp[item.item_id][0], greedy, envs[item.env])
-                    scores_log.append([row.to_dict() for row in rows])
 
-                store_results("greedy", members, done, failed, err_log, stored, bar, after_item)
+def _complete_chunk(members, lp, scorer, env: StudyEnv, cap: int, plan: DecodePlan, done, err_log, scores_log, bar,
+                    after_item) -> None:
+    contexts = {item.item_id: render_conditions(item, env) for item in members}
+    stands_for = {i: distinct(c, lambda x: (x.messages, x.banned)) for i, c in contexts.items()}
+    budgets = {i: greedy_budget(cap, lp[i][0]) for i in contexts}
+    results: dict[str, dict[str, GreedyResult]] = {i: {} for i in contexts}
+    to_decode: dict[str, list[GreedyRequest]] = {i: [] for i in contexts}
+    attempts = {item.item_id: own_attempt(item) for item in members}
+    for i, conds in contexts.items():
+        for c in conds:
+            if stands_for[i][c.condition] != c.condition:
+                continue
+            if c.condition == REFERENCE and attempts[i] is not None:
+                results[i][c.condition] = attempts[i]
+                continue
+            chain = None
+            if plan.argmax_chain and not c.banned:
+                chain = chain_completion(c.request_id, lp[i][0]["conditions"][c.condition], scorer.tokenizer)
+            if chain is not None:
+                results[i][c.condition] = chain
+            else:
+                to_decode[i].append(c.greedy_request())
+    decoded = {i: {r.id.rsplit("::", 1)[1] for r in reqs} for i, reqs in to_decode.items()}
+    failed: dict[str, Exception] = {}
+    for budget in sorted(set(budgets.values())):
+        requests = {i: reqs for i, reqs in to_decode.items() if budgets[i] == budget and reqs}
+        decode = lambda reqs, n=budget: scorer.greedy(reqs, max_new_tokens=n)  # noqa: E731
+        ok, bad = call_isolating(decode, requests, lambda r: r.id)
+        for i, got in ok.items():
+            results[i].update(by_condition(got))
+        failed.update(bad)
+    samples = _sampled_retries(members, lp, scorer, env, plan, failed) if plan.retries else {}
+
+    def stored(item: Item) -> None:
+        i = item.item_id
+        greedy = {c: results[i][rep] for c, rep in stands_for[i].items()}
+        made = {c: rep in decoded[i] or rep == REFERENCE and attempts[i] is not None
+                for c, rep in stands_for[i].items()}
+        rows = score_rows(item, lp[i][0], greedy, env, made, samples.get(i))
+        scores_log.append([row.to_dict() for row in rows])
+
+    store_results("greedy", members, done, failed, err_log, stored, bar, after_item)
+
+
+def _sampled_retries(members: Sequence[Item], lp, scorer, env: StudyEnv, plan: DecodePlan,
+                     failed: dict[str, Exception]) -> dict[str, dict[str, tuple[int, int]]]:
+    """k sampled retries from the clean context of each on-policy item: {item: {clean_retry: (k, repeats)}}."""
+    targets = {item.item_id: lp[item.item_id][0]["conditions"][REFERENCE] for item in members
+               if own_attempt(item) is not None and item.item_id not in failed}
+    if not targets:
+        return {}
+    by_id = {item.item_id: item for item in members}
+    # The clean retry's context: the failed attempt and its error deleted, i.e. before's messages.
+    requests = {i: [GreedyRequest(f"{i}::{RETRY_CONDITION}#{k}", env.context_messages(by_id[i]))
+                    for k in range(plan.retries)] for i in targets}
+    # A retry can equal the failed action only by emitting its tokens and then stopping: no longer budget is needed.
+    budget = max(max(rec["cand_n_tokens"][0] for rec in targets.values()) + 1, 2)
+
+    def sample(reqs: list[GreedyRequest]) -> list[GreedyResult]:
+        rngs = [retry_rng(plan.seed, r.id) for r in reqs]
+        return scorer.greedy(reqs, max_new_tokens=budget, temperature=RETRY_TEMPERATURE, rngs=rngs)
+
+    ok, bad = call_isolating(sample, requests, lambda r: r.id)
+    failed.update(bad)
+    out = {}
+    for i, got in ok.items():
+        rec = targets[i]
+        repeats = sum(reproduces(r, rec["cand_token_ids"][0], rec.get("end_of_turn", True)) for r in got)
+        out[i] = {RETRY_CONDITION: (len(got), int(repeats))}
+    return out

@@ -15,12 +15,21 @@ from fastscore.study.items import Item
 from fastscore.study.stages import errored_at, store_results
 from fastscore.study.store import StudyStore
 
-ITEMS_PER_SCORE_CALL = 4  # x 6 distinct candidate sets x 4 candidates: one shared prefix trie per call
+# x 6 distinct candidate sets x 4 candidates: one shared prefix trie per call. Items of one environment share the
+# system prompt (MBPP) or its preamble (tools), so bigger calls compute more of it once.
+ITEMS_PER_SCORE_CALL = 16
 
 
 def _set_record(result: CandidateSetResult) -> dict[str, Any]:
+    # Token-level scores of every candidate: the copy control's shared/edited split and the argmax chain (a greedy
+    # decode reproduces a candidate token for token iff each of its scored tokens, end-of-turn included, is the argmax).
     return {"cand_lp": [r.logprob for r in result.results], "cand_n_tokens": [r.n_tokens for r in result.results],
-            "p": list(result.probs), "p_norm": list(result.probs_per_token)}
+            "p": list(result.probs), "p_norm": list(result.probs_per_token),
+            "cand_token_ids": [list(r.token_ids) for r in result.results],
+            "cand_token_lp": [list(r.token_logprobs) for r in result.results],
+            "cand_argmax": [bool(all(r.token_is_argmax)) for r in result.results],
+            "cand_straddles": [r.boundary_straddles for r in result.results],
+            "end_of_turn": bool(result.results[0].includes_end_of_turn)}
 
 
 def score_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items: Sequence[Item], *,

@@ -100,13 +100,15 @@ def describe_failure(program: str, outcome: RunOutcome, tests: tuple[str, ...], 
     parts = [head, _symptom(outcome)]
     test_facts = [f"The task's tests are: `{tests[0].strip()}`"] if tests else []
     test_facts += [f"`{t.strip()}`" for t in tests[1:]]
-    optional = [("structure", structure), ("closing", "Write a corrected program that passes all of the tests.")]
+    # No closing instruction ("write a corrected program"): `before` has none, and one here would confound the
+    # description with the dont_repeat instruction.
+    optional = [("structure", structure)]
     optional += [("test", fact) for fact in test_facts]
-    chosen: dict[str, list[str]] = {"structure": [], "closing": [], "test": []}
+    chosen: dict[str, list[str]] = {"structure": [], "test": []}
 
     def render() -> str:
         tests_sentence = ["; ".join(chosen["test"]) + "."] if chosen["test"] else []
-        return " ".join([parts[0], *chosen["structure"], parts[1], *tests_sentence, *chosen["closing"]])
+        return " ".join([parts[0], *chosen["structure"], parts[1], *tests_sentence])
 
     for slot, fact in optional:
         if not fact:

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from fastscore.errors import DataError
 from fastscore.study.datafile import read_json_objects
+from fastscore.study.hygiene import check_description
 from fastscore.study.envs.base import Outcome, Records, StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.envs.mbpp.describe import describe_failure
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 ENV = "mbpp"
 DATA_FILE = "mbpp.jsonl"
 EXTRA_MUTANTS = 2  # failing mutants shown in the candidate set besides the failed program and the reference
+N_CANDIDATES = 2 + EXTRA_MUTANTS
 WORKERS = 2
 # Mutants run under a shorter, fixed limit: references finish in milliseconds, and an infinite-loop mutant would
 # otherwise hold a worker for the full default timeout. Fixed (not derived from a measured time) so that outcomes
@@ -55,6 +57,7 @@ NEUTRAL_MESSAGE = "Program received."
 DONT_REPEAT_INSTRUCTION = "Do not repeat the failed program."
 
 _FENCED = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
+_CLOSED_FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n.*?\n[ \t]*```", re.DOTALL)
 _REQUIRED_KEYS = {"text": str, "code": str, "task_id": int, "test_list": list}
 
 T = TypeVar("T")
@@ -179,7 +182,11 @@ def _build_item(source: MbppSource, seed: int) -> Item | Skipped:
     (mutant, outcome), extras = failing[0], failing[1:]
     mutation = {"kind": mutant.kind, "start": mutant.start, "end": mutant.end, "original": mutant.original,
                 "replacement": mutant.replacement}
-    return _item(source, f"{ENV}-{source.task_id}", mutant.text, outcome, mutant.kind, extras, {"mutation": mutation})
+    try:
+        return _item(source, f"{ENV}-{source.task_id}", mutant.text, outcome, mutant.kind, extras,
+                     {"mutation": mutation})
+    except ValueError as exc:
+        return Skipped(ENV, str(source.task_id), str(exc))
 
 
 def _item(source: MbppSource, item_id: str, program: str, outcome: RunOutcome, kind: str,
@@ -188,11 +195,17 @@ def _item(source: MbppSource, item_id: str, program: str, outcome: RunOutcome, k
     and the extra failing mutants."""
     failed_action = format_program(program)
     reference = format_program(source.reference)
+    candidates = (failed_action, reference, *(format_program(m.text) for m, _ in extras))
+    if len(set(candidates)) != N_CANDIDATES:
+        # Fewer failing mutants than needed: the set has a fixed size so P(repeat) means the same on every item.
+        raise ValueError(f"only {len(set(candidates))} distinct candidates "
+                         f"(the set has a fixed size of {N_CANDIDATES})")
+    description = _description(program, outcome, source)
+    check_description(description, failed_action, reference, SYSTEM_PROMPT + "\n" + _task_text(source))
     return Item(
         env=ENV, item_id=item_id, source_id=str(source.task_id), system=SYSTEM_PROMPT, task=_task_text(source),
         failed_action=failed_action, error_message=outcome.message, failure_kind=kind, correct_actions=(reference,),
-        candidates=(failed_action, reference, *(format_program(m.text) for m, _ in extras)),
-        description=_description(program, outcome, source),
+        candidates=candidates, description=description,
         meta={"status": outcome.status, "failing_test": outcome.failing_test, **meta,
               "candidate_statuses": [outcome.status, "passed", *(o.status for _, o in extras)]},
     )
@@ -218,16 +231,16 @@ def _in_order(fn: Callable[[T], R], inputs: Iterable[T], workers: int) -> Iterat
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def build_items(data_dir: Path, limit: int, seed: int, sources: list[MbppSource] | None = None,
+def build_items(data_dir: Path, limit: int | None, seed: int, sources: list[MbppSource] | None = None,
                 progress: bool = False) -> tuple[list[Item], list[Skipped]]:
     """The first `limit` usable tasks in a seeded shuffled order, as items; the tasks passed over, with reasons."""
     sources = sorted(load_sources(data_dir) if sources is None else sources, key=lambda s: s.task_id)
     random.Random(f"{seed}:mbpp-order").shuffle(sources)
     items: list[Item] = []
     skipped: list[Skipped] = []
-    if limit <= 0:
+    if limit is not None and limit <= 0:
         return items, skipped
-    with tqdm(total=limit, desc="mbpp items", unit="item", leave=False, disable=not progress) as bar:
+    with tqdm(total=limit or len(sources), desc="mbpp items", unit="item", leave=False, disable=not progress) as bar:
         for result in _in_order(lambda s: _build_item(s, seed), sources, WORKERS):
             if isinstance(result, Skipped):
                 skipped.append(result)
@@ -283,7 +296,7 @@ class MbppEnv(StudyEnv):
     def source_id(self, source: MbppSource) -> str:
         return str(source.task_id)
 
-    def build_items(self, limit: int, seed: int) -> tuple[list[Item], list[Skipped]]:
+    def build_items(self, limit: int | None, seed: int) -> tuple[list[Item], list[Skipped]]:
         return build_items(self.data_dir, limit, seed, sources=list(self.sources().values()), progress=self.progress)
 
     def judge(self, source: MbppSource, text: str) -> Outcome:
@@ -295,6 +308,11 @@ class MbppEnv(StudyEnv):
 
     def success_message(self, item: Item) -> str:
         return SUCCESS_MESSAGE
+
+    def finished_action(self, text: str, stopped_by: str) -> bool:
+        """A closed fenced program is a finished action even if the model talked on after it: the item's failed
+        action is that program in its canonical form, not the raw text."""
+        return stopped_by == "end_of_turn" or _CLOSED_FENCE.search(text.replace("\r\n", "\n")) is not None
 
     def same_action(self, text: str, failed_action: str) -> bool:
         """Programs compare as the extracted program in its canonical fenced form."""

@@ -26,24 +26,26 @@ def _param_schema(functions: dict[str, dict], function: str, path: str) -> dict:
 
 
 def _core(outcome: ToolOutcome, call: Call | None, functions: dict[str, dict]) -> str:
+    # Names the failed call made up (a misspelled function, an invented parameter or key) are never quoted: they
+    # are the erroneous surface form the description replaces (fastscore.study.hygiene).
     fn, param, detail, kind = outcome.function, outcome.param, outcome.detail, outcome.kind
     match = _ERROR_CLASS.match(outcome.error)
     error_class = match.group(1) if match else "error"
     rejected = f"the runtime rejected it ({error_class})."
-    if kind == "syntax_error" and not fn:
-        return f"Your previous attempt was not a well-formed single call ({detail}): {rejected}"
+    if kind == "syntax_error" and fn not in functions:
+        return f"Your previous attempt was not a well-formed single call: {rejected}"
     if kind == "syntax_error":
-        return f"Your previous attempt called `{fn}`, but the call was malformed ({detail}): {rejected}"
+        return f"Your previous attempt called `{fn}`, but the call was malformed: {rejected}"
     if kind == "unknown_function":
-        return f"Your previous attempt called `{fn}`, which is not an available tool: {rejected}"
+        return f"Your previous attempt called a function that is not among the available tools: {rejected}"
     if kind == "positional_argument":
         return (f"Your previous attempt called `{fn}` with {detail} positional argument(s), but the tool takes "
                 f"keyword arguments only: {rejected}")
     if kind == "unexpected_parameter" and "[" in param:
-        return (f"Your previous attempt called `{fn}` with a key `{detail}` inside `{_top_param(param)}` that the "
+        return (f"Your previous attempt called `{fn}` with a key inside `{_top_param(param)}` that the "
                 f"schema does not define: {rejected}")
     if kind == "unexpected_parameter":
-        return f"Your previous attempt called `{fn}` with a parameter `{param}` that it does not accept: {rejected}"
+        return f"Your previous attempt called `{fn}` with a parameter that it does not accept: {rejected}"
     if kind == "missing_required":
         names = detail.split(", ")
         if call is not None and _top_param(param) in call.kwargs:  # a required key missing inside a dict argument
@@ -79,12 +81,15 @@ def _padding(outcome: ToolOutcome, call: Call | None, functions: dict[str, dict]
     """Further true statements, most useful first, used to bring the description up to the target length."""
     sentences = []
     fn = outcome.function
-    if call is not None:
-        names = [k for k, _ in call.args]
-        passed = ", ".join(f"`{n}`" for n in names) if names else "no parameters"
-        sentences.append(f"That attempt passed {passed}.")
     schema = functions.get(fn)
-    if outcome.param and schema is not None:
+    if call is not None and schema is not None:
+        defined = schema.get("parameters", {}).get("properties", {})
+        names = [k for k, _ in call.args if k in defined]
+        others = len(call.args) - len(names)
+        passed = ", ".join(f"`{n}`" for n in names) if names else "none of its parameters"
+        extra = f" and {others} parameter(s) the tool does not define" if others else ""
+        sentences.append(f"That attempt passed {passed}{extra}.")
+    if outcome.param and schema is not None and outcome.kind != "unexpected_parameter":
         about = _param_schema(functions, fn, outcome.param).get("description")
         if about:
             sentences.append(f"`{_top_param(outcome.param)}` is described as: {about.strip().rstrip('.')}.")

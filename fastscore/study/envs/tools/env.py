@@ -19,6 +19,7 @@ from typing import Any
 
 from fastscore.errors import DataError
 from fastscore.study.datafile import read_json_objects
+from fastscore.study.hygiene import check_description
 from fastscore.study.envs.base import Outcome, Records, StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.envs.tools.answers import GroundTruthError, canonical_call, match_answer
@@ -160,11 +161,12 @@ def system_prompt(source: ToolSource) -> str:
     return f"{SYSTEM_PREAMBLE}\n{tools}\n\n{CALL_FORMAT_INSTRUCTIONS}"
 
 
-def _description(outcome: ToolOutcome, action: str, call: Call | None, runtime: ToolRuntime) -> str:
+def _description(source: ToolSource, outcome: ToolOutcome, action: str, call: Call | None, runtime: ToolRuntime,
+                 truth: Call) -> str:
+    """ValueError if the description would quote the failed call or a name it made up (fastscore.study.hygiene)."""
     target = len(action) + len(outcome.error)
     text = describe_failure(outcome, call, runtime.functions, target)
-    if action.strip() and action.strip() in text:
-        raise AssertionError(f"description of {outcome.function} quotes the failed call")
+    check_description(text, action, truth.render(), system_prompt(source) + "\n" + source.question)
     return text
 
 
@@ -172,7 +174,9 @@ def _item(source: ToolSource, item_id: str, failed: str, outcome: ToolOutcome, k
           others: list, description: str, meta: dict) -> Item:
     candidates = (failed, truth.render(), *(m.text for m in others))
     if len(set(candidates)) != len(candidates):
-        raise AssertionError(f"{item_id}: candidates are not distinct")
+        raise ValueError(f"{item_id}: candidates are not distinct")
+    if len(candidates) != N_CANDIDATES:
+        raise ValueError(f"only {len(candidates)} distinct candidates (the set has a fixed size of {N_CANDIDATES})")
     return Item(
         env=ENV, item_id=item_id, source_id=source.source_id, system=system_prompt(source), task=source.question,
         failed_action=failed, error_message=outcome.error, failure_kind=kind, correct_actions=(truth.render(),),
@@ -192,9 +196,12 @@ def _seeded_item(source: ToolSource, seed: int) -> Item:
     outcome = runtime.execute(failed.text)
     if outcome.ok or outcome != failed.outcome:
         raise AssertionError(f"{source.source_id}: failed call {failed.text!r} is not rejected by the runtime")
-    description = _description(outcome, failed.text, failed.call, runtime)
-    return _item(source, f"{ENV}:{source.source_id}", failed.text, outcome, failed.kind, truth, others,
-                 description, {"seed": seed, "failures": "seeded"})
+    try:
+        description = _description(source, outcome, failed.text, failed.call, runtime, truth)
+        return _item(source, f"{ENV}:{source.source_id}", failed.text, outcome, failed.kind, truth, others,
+                     description, {"seed": seed, "failures": "seeded"})
+    except ValueError as exc:
+        raise _Unusable(str(exc)) from None
 
 
 def usable_sources(sources: list[ToolSource], limit: int | None, seed: int
@@ -240,6 +247,9 @@ def item_from_failure(source: ToolSource, action: str, outcome: ToolOutcome, see
     """An item whose failed call is the model's own `action` (rejected, `outcome` from evaluate)."""
     if outcome.ok or evaluate(source, action).ok:
         raise ValueError(f"{source.source_id}: the action was accepted, it is not a failure")
+    if outcome.kind == "wrong_answer":
+        # A real runtime runs an accepted call and returns its result; any error text here would be an oracle's.
+        raise ValueError("the runtime accepted the call (a wrong answer, but no runtime error to record)")
     runtime = ToolRuntime(source.functions)
     try:
         truth = _truth(source, runtime)
@@ -253,7 +263,7 @@ def item_from_failure(source: ToolSource, action: str, outcome: ToolOutcome, see
         call = parse_call(action)
     except ToolRejection:
         call = None
-    description = _description(outcome, action, call, runtime)
+    description = _description(source, outcome, action, call, runtime, truth)
     return _item(source, f"{ENV}:{source.source_id}:model", action, outcome, "model", truth, others,
                  description, {"seed": seed, "failures": "model"})
 

@@ -1,0 +1,153 @@
+"""Report sections for the copy control, the failure kinds, the pooled estimate and the failure sources side by side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastscore.study.conditions import GAIN_CONDITIONS
+from fastscore.study.metrics_control import NAME_TYPOS
+
+
+def num(x: float) -> str:
+    if x == 0:
+        return "0"
+    return f"{x:.2e}" if abs(x) < 1e-3 or abs(x) >= 1e5 else f"{x:.3f}"
+
+
+def cell(entry: dict[str, Any] | None, reason: str | None = None) -> str:
+    if entry is None:
+        return f"n/a ({reason})" if reason else "n/a"
+    ci = "[n/a]" if entry.get("lo") is None else f"[{num(entry['lo'])}, {num(entry['hi'])}]"
+    flag = " ⚠" if entry.get("unstable") else ""
+    return f"{num(entry['mean'])} {ci} ({entry['n']}){flag}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+COPY_COLUMNS = (
+    ("gain_per_token", "G(failed) / token"),
+    ("gain_correct_per_token", "G(correct) / token"),
+    ("delta_gain", "ΔG = G(failed) - G(correct), total"),
+    ("delta_gain_per_token", "ΔG / token"),
+    ("share_delta_negative", "share ΔG < 0"),
+    ("gain_per_token_shared", "G / token, tokens shared with the correct action"),
+    ("gain_per_token_edited", "G / token, the edit"),
+)
+
+
+def copy_control_section(conditions: dict[str, Any]) -> str:
+    rows = [[c] + [cell(conditions[c].get(k)) for k, _ in COPY_COLUMNS] for c in GAIN_CONDITIONS if c in conditions]
+    intro = ("Any string shown in the context gets copied, so the correct action (candidate 1) is scored in the same "
+             "contexts as a control. ΔG is the part of the inversion specific to the failed action; the last two "
+             "columns split the failed action's per-token G into the tokens it shares with the correct action "
+             "(copying) and its edited tokens (the error itself). All from the stored candidate log-probs; "
+             "percentile-bootstrap CIs over items, Wilson for the share.")
+    return "### Copy control: failed vs correct action\n\n" + intro + "\n\n" + table(
+        ["condition"] + [label for _, label in COPY_COLUMNS], rows)
+
+
+def delta_reading(after: dict[str, Any]) -> str | None:
+    """The Reading's sentence on the failure-specific part, with its CI."""
+    delta = after.get("delta_gain")
+    if delta is None:
+        return None
+    lo, hi = delta.get("lo"), delta.get("hi")
+    resolved = lo is not None and (hi < 0 or lo > 0)
+    if delta["mean"] < 0:
+        what = "negative: the record raised the failed action more than the correct one"
+    else:
+        what = "not negative: the record raised the correct action at least as much as the failed one"
+    sign = "its 95% CI excludes 0" if resolved else "its 95% CI includes 0, so its sign is not resolved"
+    text = (f"The failure-specific part ΔG = G(failed) - G(correct) is {num(delta['mean'])} nats "
+            f"[{num(lo) if lo is not None else 'n/a'}, {num(hi) if hi is not None else 'n/a'}] (n={delta['n']}), "
+            f"{what} ({sign}); G(correct) = {num(after['gain_correct']['mean'])} nats is the copying any shown "
+            f"string gets.")
+    if "gain_per_token_edited" in after and "gain_per_token_shared" in after:
+        text += (f" Per token, the edit moves by {num(after['gain_per_token_edited']['mean'])} nats and the tokens "
+                 f"shared with the correct action by {num(after['gain_per_token_shared']['mean'])}.")
+    return text
+
+
+def headline_row(label: str, h: dict[str, Any]) -> list[str]:
+    return [label, str(h.get("n_items", 0)), cell(h.get("gain_per_token")), cell(h.get("delta_gain_per_token")),
+            cell(h.get("share_negative")), cell(h.get("p_repeat_before")), cell(h.get("p_repeat_after")),
+            cell(h.get("greedy_repeat_before")), cell(h.get("greedy_repeat_after"))]
+
+
+HEADLINE_HEADER = ["items", "n", "G(after) / token", "ΔG / token", "share G < 0", "P(repeat) before",
+                   "P(repeat) after", "greedy repro before", "greedy repro after"]
+
+
+def kinds_section(summary: dict[str, Any]) -> str:
+    kinds = summary.get("by_kind") or {}
+    rows = [headline_row(kind, h) for kind, h in kinds.items()]
+    if summary.get("without_name_typos"):
+        rows.append(headline_row("**all but name typos**", summary["without_name_typos"]))
+    mix = ", ".join(f"{kind} {h.get('n_items', 0)}" for kind, h in kinds.items())
+    return ("### Failure kinds\n\nThe mix used: " + (mix or "not recorded") + f". Name typos ({', '.join(NAME_TYPOS)}) "
+            "are the lowest-prior strings with the largest copy boost; the last row leaves them out.\n\n"
+            + table(HEADLINE_HEADER, rows))
+
+
+def pooled_section(pooled: dict[str, Any]) -> str:
+    return ("## Pooled over environments\n\n" + pooled.get("method", "") + ".\n\n"
+            + table(HEADLINE_HEADER, [headline_row(" + ".join(pooled.get("envs", [])), pooled)]))
+
+
+def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], meta_lines: list[str]) -> str:
+    """The top-level report of a run over several failure sources: the headline side by side, links to each."""
+    rows = []
+    for source, summary in by_source.items():
+        for key, s in summary.items():
+            row = headline_row(f"{source}: {key}", s if key == "pooled" else _env_headline(s))
+            if source == "model":  # the failure is the model's greedy attempt from the before context
+                row[-2] += " (by construction: the model's own attempt)"
+            rows.append(row)
+            typos = (s.get("without_name_typos") or {}) if key != "pooled" else {}
+            if typos.get("n_items") and typos["n_items"] < s.get("n_items", 0):
+                rows.append(headline_row(f"{source}: {key}, without name typos", typos))
+    retry = []
+    for source, summary in by_source.items():
+        for env, s in summary.items():
+            if env == "pooled":
+                continue
+            conds = s.get("conditions", {})
+            clean = conds.get("clean_retry", {}).get("sampled_repeat_rate")
+            if clean is None:
+                retry.append([source, env, "not applicable (seeded failures)"] + [""] * 4)
+                continue
+            retry.append([source, env, cell(clean)]
+                         + [cell(conds.get(c, {}).get("p_sample_repeat")) for c in
+                            ("after", "description", "dont_repeat", "before")])
+    return "\n\n".join([
+        "# fastscore study: both failure sources side by side",
+        *meta_lines,
+        "Seeded: one-edit mutations of the ground truth that the runtime / tests reject. Model: the model's own "
+        "greedy attempt from the clean context, kept only when really rejected. Each source's full report: "
+        + ", ".join(f"[{s}]({link})" for s, link in links.items()) + ".",
+        "## Headline\n\n" + table(HEADLINE_HEADER, rows),
+        "## Clean retry\n\nShare of k sampled retries (temperature 1.0, seeded) from the clean context that "
+        "reproduce the failed action token for token, next to the exact probability exp(lp) that one temperature-1 "
+        "sample reproduces it under the other harnesses (which k retries estimate). Under seeded failures the failed "
+        "action did not come from the clean context, so clean retry is not applicable there.\n\n"
+        + table(["source", "env", "clean retry: sampled share repeating", "after: exp(lp)", "description: exp(lp)",
+                 "dont_repeat: exp(lp)", "before: exp(lp) (= clean context)"], retry),
+    ])
+
+
+def _env_headline(s: dict[str, Any]) -> dict[str, Any]:
+    after, before = s.get("conditions", {}).get("after", {}), s.get("conditions", {}).get("before", {})
+    out = {"n_items": s.get("n_items", 0)}
+    for k in ("gain_per_token", "delta_gain_per_token", "share_negative"):
+        if k in after:
+            out[k] = after[k]
+    for k in ("p_repeat", "greedy_repeat"):
+        if k in before:
+            out[f"{k}_before"] = before[k]
+        if k in after:
+            out[f"{k}_after"] = after[k]
+    return out
