@@ -103,11 +103,15 @@ def in_process(tiny_model, study_data, tmp_path_factory):
 def test_in_process_sweep_writes_shards_and_the_cross_model_summary(in_process):
     model, out, outcome, files = in_process
     assert outcome.n_shards == 2 * LIMIT and outcome.n_resumed == 0 and not outcome.skipped
-    assert sum(name.endswith("scores.jsonl") for name in files) == 2 * LIMIT
+    assert sum(1 for _ in (out / "cells").rglob("shard.json")) == 2 * LIMIT  # empty shards are committed too
+    assert sum(name.endswith("scores.jsonl") and "tools-seeded" in name for name in files) == LIMIT
     summary = json.loads((out / "summary.json").read_text())
     cells = {c["failures"]: c for c in summary["cells"]}
     assert set(cells) == {"seeded", "model"}
     assert cells["seeded"]["status"] == "done" and cells["seeded"]["n_items"] == LIMIT
+    # The random model's attempts run into the token cap, and a cut-off attempt is no item: the cell says so.
+    model_items = sum(len(files[n].splitlines()) for n in files if "tools-model" in n and n.endswith("items.jsonl"))
+    assert cells["model"]["status"] == ("done" if model_items else "empty")
     # The cell's summary pools its shards: as many items as the shards hold.
     n_seeded = sum(len(files[n].splitlines()) for n in files if "tools-seeded" in n and n.endswith("items.jsonl"))
     assert cells["seeded"]["summary"]["n_items"] == n_seeded == LIMIT

@@ -46,7 +46,9 @@ def summarise_cells(out_dir: Path, shards_by_cell: dict[Cell, list[Shard]], skip
         rows = cell_rows(out_dir, shards)
         entry.update(n_shards=len(shards), n_items=len({r.item_id for r in rows}))
         if not rows:
-            why = "no item" if cell.failures == "seeded" else "the model failed none of the examined sources"
+            why = "no usable item" + ("" if cell.failures == "seeded" else
+                                      ": no attempt of the model's was a usable failure (reasons in the shards' "
+                                      "skipped.jsonl)")
             cells_out.append({**entry, "status": "empty", "reason": why})
             continue
         cells_out.append({**entry, "status": "done", "summary": summarize(rows, seed=seed, n_boot=n_boot)[cell.env]})
