@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -15,8 +16,13 @@ from fastscore.study.envs.base import StudyEnv
 from fastscore.study.isolate import call_isolating, error_reason
 from fastscore.study.items import Item, Skipped
 
+log = logging.getLogger(__name__)
+
 # Attempts per decoder call: as many contexts side by side as the greedy stage decodes per call, four times over.
 ATTEMPTS_PER_CALL = 16
+# Sources examined per wanted item, at most: a model that rarely fails usably (the 135M model's MBPP attempts are
+# mostly cut off or unfinished) would otherwise decode its way through the whole data set for a limit of 20.
+EXAMINED_PER_ITEM = 4
 
 
 def attempt_record(result: GreedyResult) -> dict[str, Any]:
@@ -53,17 +59,18 @@ class ModelFailureBuilder:
         skipped: list[Skipped] = []
         examined = 0
         target = math.inf if limit is None else limit
+        budget = math.inf if limit is None else max(EXAMINED_PER_ITEM * limit, ATTEMPTS_PER_CALL)
         # A small model fails nearly always; None builds the whole pool at once.
         pool_size = None if limit is None else limit + max(2, math.ceil(0.25 * limit))
         with tqdm(total=limit, desc=f"{self.name}: model's own failures", unit="item", disable=not progress) as bar:
-            while len(items) < target:
+            while len(items) < target and examined < budget:
                 pool, pool_skipped = self.env.build_items(pool_size, self.seed)
                 if examined >= len(pool):
                     break  # every usable source was tried
-                while examined < len(pool) and len(items) < target:
+                while examined < len(pool) and len(items) < target and examined < budget:
                     # A few more attempts than still needed, decoded side by side: many attempts are skipped (cut
                     # off, passing, no item), and one attempt per call would decode them one after the other.
-                    want = int(min(ATTEMPTS_PER_CALL, max(4, 2 * (target - len(items)))))
+                    want = int(min(ATTEMPTS_PER_CALL, max(4, 2 * (target - len(items))), budget - examined))
                     chunk = pool[examined : examined + want]
                     examined += len(chunk)
                     for made in self._attempts(chunk, skipped):
@@ -74,6 +81,10 @@ class ModelFailureBuilder:
                 skipped += [s for s in pool_skipped if (s.source_id, s.reason) not in seen_skips]
                 if pool_size is not None:
                     pool_size += 2 * (int(target) - len(items)) + 2
+        if len(items) < target and examined >= budget:
+            log.warning("%s: %d of %d items after examining %d sources (at most %d per wanted item); the reasons the "
+                        "others were skipped are counted in the report", self.name, len(items), limit, examined,
+                        EXAMINED_PER_ITEM)
         return items, skipped
 
     def build_window(self, start: int, stop: int, progress: bool = False) -> tuple[list[Item], list[Skipped]]:
