@@ -138,7 +138,7 @@ def test_to_frame_has_one_row_per_candidate(session):
 def test_the_readme_example_runs_as_written(smollm_artefact, capsys):
     pytest.importorskip("llama_cpp")
     pytest.importorskip("pandas")
-    smollm_artefact("llamacpp", "q4_1")
+    smollm_artefact("llamacpp", "f32")  # the default type
     section = README.read_text().split("## Python API", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     exec(compile(code, str(README), "exec"), {})

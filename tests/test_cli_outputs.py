@@ -33,7 +33,7 @@ def test_version_and_short_help():
 @pytest.fixture(scope="module")
 def csv_run(tmp_path_factory, smollm_artefact):
     pytest.importorskip("llama_cpp")
-    smollm_artefact("llamacpp", "q4_1")
+    smollm_artefact("llamacpp", "f32")  # the default type
     tmp = tmp_path_factory.mktemp("outputs")
     requests = tmp / "requests.jsonl"
     requests.write_text("".join(json.dumps(r) + "\n" for r in REQUESTS))
@@ -67,8 +67,9 @@ def test_every_candidate_describes_its_tokens(csv_run):
 def test_meta_sidecar_names_what_produced_the_scores(csv_run):
     meta = json.loads(meta_path(csv_run).read_text())
     assert meta["fastscore_version"] == __version__ and meta["model"] == "smollm2-135m-instruct"
-    assert (meta["backend"], meta["quant"]) == ("llamacpp", "q4_1") and "Q4_1" in meta["weights_note"]
-    assert meta["exactness"]["backend_options"]["kv_type"] == "f32" and meta["exactness"]["batch_dependent"]
+    # The default type is the exact one, derived from the shipped Q4_1 file (the note says so).
+    assert (meta["backend"], meta["quant"]) == ("llamacpp", "f32") and "Q4_1" in meta["weights_note"]
+    assert meta["exactness"]["backend_options"]["kv_type"] == "f32" and not meta["exactness"]["batch_dependent"]
     assert len(meta["tokenizer"]["sha256"]) == 64 and meta["top_k"] == 3
     assert meta["command"].startswith("fastscore score") and "--format csv" in meta["command"]
     assert meta["libraries"]["llama-cpp-python"]
