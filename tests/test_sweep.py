@@ -120,6 +120,16 @@ def test_in_process_sweep_writes_shards_and_the_cross_model_summary(in_process):
     assert (out / "sweep_gain_by_size.png").stat().st_size > 1000
 
 
+def test_the_tiny_families_stand_in_for_the_registry_s_other_models(tiny_model, study_data, tmp_path):
+    models = tuple(str(tiny_model(arch)) for arch in ("llama", "qwen2", "qwen3"))
+    outcome = run_sweep(_config(models[0], study_data, tmp_path / "families", models=models, failures=("seeded",),
+                                limit=1, variants=("f32", "q8_0")))
+    cells = json.loads((tmp_path / "families" / "summary.json").read_text())["cells"]
+    assert [(c["model"], c["variant"], c["status"]) for c in cells] == [
+        (m, v, "done") for m in models for v in ("llamacpp:f32", "llamacpp:q8_0")]
+    assert outcome.n_shards == 6 and len(outcome.result["sign_check"]) == 3
+
+
 def test_a_finished_sweep_is_kept_unless_resumed_with_the_same_settings(in_process, study_data):
     model, out, _, files = in_process
     with pytest.raises(OutputError, match="--resume"):
