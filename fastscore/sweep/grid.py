@@ -11,8 +11,7 @@ from typing import Any
 
 from fastscore import variants
 from fastscore.errors import DataError
-
-FAILURE_SOURCES = ("seeded", "model")
+from fastscore.study.runner import FAILURE_SOURCES
 
 
 def parse_variant(text: str) -> tuple[str, str]:
