@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,11 @@ from click.testing import CliRunner
 
 from fastscore.cli import main
 from fastscore.errors import DataError, OutputError, ResumeConfigError
+from fastscore.study.envs import ENV_CLASSES
+from fastscore.study.envs.mbpp.env import MbppEnv
+from fastscore.study.envs.tools.env import ToolsEnv
 from fastscore.sweep import grid
+from fastscore.sweep import items as sweep_items
 from fastscore.sweep.run import SweepConfig, run_sweep
 from fastscore.sweep.summary import sign_check
 
@@ -153,6 +159,73 @@ def test_a_model_that_cannot_be_obtained_is_reported_not_dropped(in_process, stu
     cells = json.loads((out / "summary.json").read_text())["cells"]
     assert {c["model"]: c["status"] for c in cells} == {str(model): "done", "qwen3-0.6b": "skipped"}
     assert "## Skipped" in (out / "summary.md").read_text()
+
+
+# --- each environment's items built once per sweep ---
+
+BUILDS: list[tuple[str, int | None]] = []  # (environment, limit) of every build_items call of the counting envs
+
+
+class CountingToolsEnv(ToolsEnv):
+    """The real tools environment, counting its builds."""
+
+    def build_items(self, limit, seed):
+        BUILDS.append((self.name, limit))
+        return super().build_items(limit, seed)
+
+
+class CountingMbppEnv(MbppEnv):
+    """The real MBPP environment (its builds run the mutated programs in the sandbox), counting its builds."""
+
+    def build_items(self, limit, seed):
+        BUILDS.append((self.name, limit))
+        return super().build_items(limit, seed)
+
+
+def test_each_environment_s_items_are_built_once_per_sweep_and_reused_on_resume(tiny_model, study_data, tmp_path,
+                                                                               monkeypatch):
+    for env, counting in (("tools", CountingToolsEnv), ("mbpp", CountingMbppEnv)):
+        monkeypatch.setitem(ENV_CLASSES, env, (__name__, counting.__name__))
+    BUILDS.clear()
+    model = tiny_model("llama")
+    out = tmp_path / "once"
+    config = _config(model, study_data, out, envs=("tools", "mbpp"), limit=2)
+    first = run_sweep(config)
+    assert first.n_shards == 2 * 2 * 2  # envs x failure sources x one-item shards
+    # One build per environment, by the driver: no shard, seeded or on-policy, builds the order again.
+    assert BUILDS == [("tools", 2), ("mbpp", 2)]
+    files = _shard_files(out)
+    assert sum(name.endswith("scores.jsonl") and "-seeded/" in name for name in files) == 4
+
+    # A resumed sweep reuses the stored items, also for the shards it redoes.
+    tools_seeded = grid.Cell(str(model), "llamacpp", "f32", "tools", "seeded")
+    redone = [grid.shards_of(tools_seeded, 2, 1)[1], grid.shards_of(grid.Cell(str(model), "llamacpp", "f32", "mbpp",
+                                                                              "seeded"), 2, 1)[0]]
+    for shard in redone:
+        shutil.rmtree(out / "cells" / shard.key)
+    BUILDS.clear()
+    again = run_sweep(replace(config, resume=True))
+    assert BUILDS == [] and again.n_resumed == again.n_shards - len(redone)
+    assert _shard_files(out) == files
+
+    # A shard cut from the stored list holds the rows the study writes when it builds the window itself.
+    from fastscore.study.runner import StudyConfig, run_study
+
+    alone = tmp_path / "alone"
+    run_study(StudyConfig(model=str(model), backend="llamacpp", quant="f32", envs=("tools",), limit=1,
+                          failures="seeded", out_dir=alone, data_dir=study_data, max_new_tokens=MAX_NEW, threads=1,
+                          window=(1, 2)), report=False)
+    assert BUILDS == [("tools", 2)]
+    for name in ("items.jsonl", "logprobs.jsonl", "scores.jsonl"):
+        assert (alone / name).read_bytes() == files[f"cells/{redone[0].key}/{name}"]
+
+    # A stored list of another format version, or built under other settings, is refused.
+    path = sweep_items.items_path(out, "tools")
+    header, *rest = path.read_text().splitlines(keepends=True)
+    for changed in ({"version": sweep_items.VERSION + 1}, {"settings": {**json.loads(header)["settings"], "seed": 7}}):
+        path.write_text(json.dumps({**json.loads(header), **changed}) + "\n" + "".join(rest))
+        with pytest.raises(ResumeConfigError, match="version|seed was 7"):
+            run_sweep(replace(config, resume=True))
 
 
 # --- Ray: a local instance inside the tests ---

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -47,11 +47,15 @@ class ModelFailureBuilder:
 
     The environment's seeded items give the sources in its seeded order (and their contexts); each source's attempt
     is evaluated, failing ones become items via env.item_from_failure, passing ones are skipped with a reason.
+    `seeded(limit)` gives the first `limit` seeded items and the sources passed over (default: the environment
+    builds them; a sweep passes the list its driver built once).
     """
 
-    def __init__(self, env: StudyEnv, scorer, seed: int, max_new_tokens: int) -> None:
+    def __init__(self, env: StudyEnv, scorer, seed: int, max_new_tokens: int,
+                 seeded: Callable[[int | None], tuple[list[Item], list[Skipped]]] | None = None) -> None:
         self.name, self.env, self.scorer = env.name, env, scorer
         self.seed, self.max_new_tokens = seed, max_new_tokens
+        self.seeded = seeded if seeded is not None else (lambda limit: env.build_items(limit, seed))
 
     def build(self, limit: int | None, progress: bool = False) -> tuple[list[Item], list[Skipped]]:
         """Up to `limit` items (None: from every usable source)."""
@@ -64,7 +68,7 @@ class ModelFailureBuilder:
         pool_size = None if limit is None else limit + max(2, math.ceil(0.25 * limit))
         with tqdm(total=limit, desc=f"{self.name}: model's own failures", unit="item", disable=not progress) as bar:
             while len(items) < target and examined < budget:
-                pool, pool_skipped = self.env.build_items(pool_size, self.seed)
+                pool, pool_skipped = self.seeded(pool_size)
                 if examined >= len(pool):
                     break  # every usable source was tried
                 while examined < len(pool) and len(items) < target and examined < budget:
@@ -90,7 +94,7 @@ class ModelFailureBuilder:
     def build_window(self, start: int, stop: int, progress: bool = False) -> tuple[list[Item], list[Skipped]]:
         """Items from the seeded sources [start, stop) of the environment's order that the model fails (a sweep's
         shard: each window attempts its own sources once, so shards never redo each other's decoding)."""
-        pool, pool_skipped = self.env.build_items(stop, self.seed)
+        pool, pool_skipped = self.seeded(stop)
         window = pool[start:stop]
         items: list[Item] = []
         skipped: list[Skipped] = list(pool_skipped) if start == 0 else []

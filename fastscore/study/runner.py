@@ -33,6 +33,9 @@ from fastscore.study.store import SCORES_FILE, StudyStore
 
 log = logging.getLogger(__name__)
 
+# An environment's seeded items in order and the sources passed over (what StudyEnv.build_items returns).
+SeededItems = tuple[list[Item], list[Skipped]]
+
 FAILURE_SOURCES = ("seeded", "model")
 BOTH = "both"  # every failure source, each in its own subfolder of --out, reported side by side
 RETRIES = 8  # sampled clean retries per on-policy item
@@ -178,22 +181,39 @@ def decode_plan(config: StudyConfig) -> DecodePlan:
                       retries=config.retries if config.failures == "model" else 0, seed=config.seed)
 
 
-def _build_items(config: StudyConfig, envs: Mapping[str, StudyEnv], scorer, progress: bool
-                 ) -> tuple[list[Item], list[Skipped]]:
+def _seeded_source(config: StudyConfig, seeded: Mapping[str, SeededItems] | None
+                   ) -> Callable[[StudyEnv], Callable[[int | None], SeededItems]]:
+    """env -> (limit -> the first `limit` seeded items and the sources passed over): built by the environment, or
+    taken from the list a sweep's driver built once (the sources passed over are then those of its whole build)."""
+
+    def of(env: StudyEnv) -> Callable[[int | None], SeededItems]:
+        if seeded is None or env.name not in seeded:
+            return lambda limit: env.build_items(limit, config.seed)
+        items, skipped = seeded[env.name]
+        if any(item.env != env.name for item in items):
+            raise DataError(f"the seeded items given for {env.name} hold items of another environment")
+        return lambda limit: (list(items if limit is None else items[:limit]), list(skipped))
+
+    return of
+
+
+def _build_items(config: StudyConfig, envs: Mapping[str, StudyEnv], scorer, progress: bool,
+                 seeded: Mapping[str, SeededItems] | None = None) -> tuple[list[Item], list[Skipped]]:
+    source = _seeded_source(config, seeded)
     if config.failures == "seeded":
         if config.window is None:
-            return items_for_envs(envs, config.limit, config.seed)
+            return items_for_envs(envs, config.limit, config.seed, build=lambda env: source(env)(config.limit))
         start, stop = config.window
 
         def seeded_window(env: StudyEnv) -> tuple[list[Item], list[Skipped]]:
-            items, skipped = env.build_items(stop, config.seed)
+            items, skipped = source(env)(stop)
             # The sources passed over belong to the whole order, not to a window: the first window counts them.
             return items[start:stop], skipped if start == 0 else []
 
         return items_for_envs(envs, config.limit, config.seed, build=seeded_window)
 
     def own_failures(env: StudyEnv) -> tuple[list[Item], list[Skipped]]:
-        builder = ModelFailureBuilder(env, scorer, config.seed, config.new_tokens(env.name))
+        builder = ModelFailureBuilder(env, scorer, config.seed, config.new_tokens(env.name), seeded=source(env))
         if config.window is not None:
             return builder.build_window(*config.window, progress=progress)
         return builder.build(config.limit, progress)
@@ -208,13 +228,16 @@ def run_study(
     after_item: Callable[[str, str], None] | None = None,
     scorer=None,
     report: bool = True,
+    items: Mapping[str, SeededItems] | None = None,
 ) -> StudyOutcome:
     """Run (or resume) the study described by `config`; `after_item(stage, item_id)` is called after each item is
     stored (a hook for progress reporting and for tests that interrupt a run).
 
     `scorer`: an open scorer of the config's model and variant to use (and leave open) instead of loading one, so a
     sweep worker loads its model once for many shards. `report=False` stops once the rows are stored (no summary,
-    report or plots): a shard may hold no item, and its sweep summarises whole cells.
+    report or plots): a shard may hold no item, and its sweep summarises whole cells. `items`: per environment, its
+    seeded items in order and the sources passed over, as `StudyEnv.build_items` makes them (a sweep builds them once
+    for all its shards); the run takes its window (or first `limit`) from them instead of building them again.
     """
     started = time.perf_counter()
     check_config(config)
@@ -222,7 +245,7 @@ def run_study(
         for name in config.envs:  # before any model loads: a missing sandbox stops the run here
             isolated.enter_context(env_class(name).isolation(config.sandbox))
         if config.failures != BOTH:
-            return _run_locked(config, started, progress, after_item, scorer, report)
+            return _run_locked(config, started, progress, after_item, scorer, report, items)
         # Each source is a complete study in its own subfolder (resumable on its own); the top folder gets the
         # side-by-side report and a summary keyed by source.
         from fastscore.study.sources import combine_sources
@@ -231,12 +254,13 @@ def run_study(
         for source in FAILURE_SOURCES:
             sub = replace(config, failures=source, out_dir=Path(config.out_dir) / source)
             log.info("failure source %s -> %s", source, sub.out_dir)
-            outcomes[source] = _run_locked(sub, time.perf_counter(), progress, after_item, scorer, report)
+            outcomes[source] = _run_locked(sub, time.perf_counter(), progress, after_item, scorer, report, items)
         return combine_sources(config, outcomes, time.perf_counter() - started)
 
 
 def _run_locked(config: StudyConfig, started: float, progress: bool,
-                after_item: Callable[[str, str], None] | None, given_scorer, report: bool) -> StudyOutcome:
+                after_item: Callable[[str, str], None] | None, given_scorer, report: bool,
+                seeded: Mapping[str, SeededItems] | None) -> StudyOutcome:
     timer = StageTimer()
     store = StudyStore(Path(config.out_dir))
     store.check_resume(config.result_settings(), config.resume)
@@ -250,7 +274,7 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
         with timer("build items", computed):
             stored = store.load_items() if resumed else None
             if stored is None:
-                items, skipped = _build_items(config, envs, scorer, progress)
+                items, skipped = _build_items(config, envs, scorer, progress, seeded)
                 store.save_items(items, skipped)
             else:
                 items, skipped = stored

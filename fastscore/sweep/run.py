@@ -22,8 +22,9 @@ from fastscore.errors import (
 )
 from fastscore.outputs import OutDirLock, write_text_atomic
 from fastscore.study.datafile import default_data_dir
-from fastscore.study.envs import ENVS, open_envs
+from fastscore.study.envs import ENVS
 from fastscore.sweep import grid
+from fastscore.sweep import items as sweep_items
 from fastscore.sweep.grid import Shard
 from fastscore.sweep.local import run_in_process
 from fastscore.sweep.summary import summarise_cells, write_summary
@@ -104,12 +105,6 @@ def _prepare(pairs: Sequence[tuple[str, str, str]], progress: bool) -> dict[tupl
     return skipped
 
 
-def _item_counts(config: SweepConfig) -> dict[str, int]:
-    envs = open_envs(config.envs, Path(config.data_dir))
-    limit = config.limit if config.limit is not None else 10**9
-    return {name: len(env.build_items(limit, config.seed)[0]) for name, env in envs.items()}
-
-
 def run_sweep(config: SweepConfig, progress: bool = False) -> SweepOutcome:
     started = time.perf_counter()
     variant_pairs = tuple(grid.parse_variant(v) for v in config.variants)
@@ -123,7 +118,9 @@ def run_sweep(config: SweepConfig, progress: bool = False) -> SweepOutcome:
     with OutDirLock(out_dir):
         write_text_atomic(out_dir / SWEEP_FILE, json.dumps(config.settings(), indent=2, sort_keys=True) + "\n")
         skipped = _prepare(list(dict.fromkeys((c.model, c.backend, c.quant) for c in all_cells)), progress)
-        counts = _item_counts(config)
+        seeded = sweep_items.prepare(out_dir, config.envs, config.seed, config.limit, Path(config.data_dir),
+                                     config.resume, progress)
+        counts = {env: len(items) for env, (items, _) in seeded.items()}
         shards_by_cell = {c: grid.shards_of(c, counts[c.env], config.shard_size) for c in all_cells
                           if (c.model, c.variant) not in skipped}
         shards = [s for cell_shards in shards_by_cell.values() for s in cell_shards]

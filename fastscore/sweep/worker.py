@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fastscore.errors import SweepError
 from fastscore.outputs import write_text_atomic
 from fastscore.sweep.grid import Cell, Shard
 
@@ -63,6 +64,7 @@ class ShardRunner:
     def __init__(self, settings: ShardSettings) -> None:
         self.settings = settings
         self._open: tuple[tuple[str, str, str], object] | None = None
+        self._seeded: dict[str, object] = {}  # env -> its seeded items, read once from the sweep folder
 
     def run(self, shard: Shard) -> ShardDone:
         done = committed(self.settings.out_dir, shard)
@@ -80,13 +82,25 @@ class ShardRunner:
             resume=(partial / "config.json").is_file(), max_new_tokens=self.settings.max_new_tokens,
             threads=self.settings.threads, sandbox=self.settings.sandbox, window=(shard.start, shard.stop),
         )  # fmt: skip
-        outcome = run_study(config, scorer=self._scorer(cell), report=False)
+        outcome = run_study(config, scorer=self._scorer(cell), report=False, items={cell.env: self._items(cell.env)})
         record = ShardDone(shard.key, sum(outcome.n_items.values()), outcome.n_item_errors,
                            round(time.perf_counter() - started, 3), f"{os.getpid()}@{socket.gethostname()}")
         write_text_atomic(partial / DONE_FILE, json.dumps({**asdict(record), "shard": shard.to_dict()}, indent=2))
         os.replace(partial, final)  # the commit: one rename of the whole folder
         log.info("shard %s: %d items in %.1f s", shard.key, record.n_items, record.seconds)
         return record
+
+    def _items(self, env: str):
+        """The environment's seeded items as the driver built and stored them (the shard's window is cut from them)."""
+        if env not in self._seeded:
+            from fastscore.sweep import items
+
+            stored = items.read(self.settings.out_dir, env)
+            if stored is None:
+                raise SweepError(f"no stored seeded items for {env} in {self.settings.out_dir}: the sweep's driver "
+                                 "builds them before any shard runs")
+            self._seeded[env] = stored
+        return self._seeded[env]
 
     def _scorer(self, cell: Cell):
         wanted = (cell.model, cell.backend, cell.quant)
