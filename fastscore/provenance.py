@@ -42,6 +42,38 @@ def tokenizer_sha256(tokenizer) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def versions() -> dict[str, Any]:
+    """The fastscore, Python and library versions of this process (None for a library not installed)."""
+    return {"fastscore_version": __version__, "python": platform.python_version(),
+            "libraries": {name: _version(name) for name in LIBRARIES}}
+
+
+def weights_record(scorer) -> dict[str, str]:
+    """The weights file a scorer computes with and its note (e.g. a quantisation caveat)."""
+    return {"weights": str(scorer.backend.path), "weights_note": scorer.weights_note}
+
+
+def produced_by(scorer) -> dict[str, Any]:
+    """What a study's config.json records about the run that produced it: versions, weights and note, time."""
+    return {**versions(), **weights_record(scorer), "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+
+def versions_markdown(records: list[dict[str, Any]]) -> str:
+    """A report section: one column per record (the run that started, then any resume under other versions)."""
+    if not records:
+        return "## Versions\n\nNot recorded (a folder written before fastscore recorded versions)."
+    heads = ["started"] + [f"resumed ({r.get('created', '?')})" for r in records[1:]]
+    rows = [("fastscore", [r.get("fastscore_version") for r in records]),
+            ("python", [r.get("python") for r in records]),
+            *((name, [r.get("libraries", {}).get(name) for r in records]) for name in LIBRARIES),
+            ("weights", [r.get("weights") for r in records]),
+            ("weights note", [r.get("weights_note") for r in records])]
+    lines = ["| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    lines += [f"| {label} | " + " | ".join("not installed" if v is None else str(v) for v in values) + " |"
+              for label, values in rows]
+    return "## Versions\n\n" + "\n".join(lines)
+
+
 def run_metadata(scorer, *, model: str, backend: str, quant: str, backend_options=None, command: str = "",
                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The metadata of scores produced by `scorer` (a fastscore.scorer.Scorer)."""
@@ -49,15 +81,15 @@ def run_metadata(scorer, *, model: str, backend: str, quant: str, backend_option
     batch_note = ("" if backend != "llamacpp" or quant in EXACT_QUANTS else
                   f"llama.cpp {quant} scores depend on batch composition (up to ~0.1-1 nats on single tokens): "
                   "compare runs batched alike")
+    found = versions()
     return {
-        "fastscore_version": __version__,
+        "fastscore_version": found["fastscore_version"],
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": command,
         "model": model,
         "backend": backend,
         "quant": quant,
-        "weights": str(scorer.backend.path),
-        "weights_note": scorer.weights_note,
+        **weights_record(scorer),
         "exactness": {
             "backend_options": options,
             "n_ctx": scorer.backend.n_ctx,
@@ -70,7 +102,7 @@ def run_metadata(scorer, *, model: str, backend: str, quant: str, backend_option
         "tokenizer": {"path": scorer.tokenizer.name, "sha256": tokenizer_sha256(scorer.tokenizer),
                       "chat_template_sha256": hashlib.sha256(scorer.tokenizer.chat_template.encode()).hexdigest()
                       if scorer.tokenizer.chat_template else None},
-        "libraries": {name: _version(name) for name in LIBRARIES},
-        "python": platform.python_version(),
+        "libraries": found["libraries"],
+        "python": found["python"],
         **(extra or {}),
     }

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from fastscore import __version__
 from fastscore.cli import main
 from fastscore.errors import DataError, OutputError, ResumeConfigError
 from fastscore.study.envs import ENV_CLASSES
@@ -112,6 +113,8 @@ def test_in_process_sweep_writes_shards_and_the_cross_model_summary(in_process):
     assert sum(1 for _ in (out / "cells").rglob("shard.json")) == 2 * LIMIT  # empty shards are committed too
     assert sum(name.endswith("scores.jsonl") and "tools-seeded" in name for name in files) == LIMIT
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["meta"]["versions"]["fastscore_version"] == __version__
+    assert summary["meta"]["versions"]["libraries"]["llama-cpp-python"]
     cells = {c["failures"]: c for c in summary["cells"]}
     assert set(cells) == {"seeded", "model"}
     assert cells["seeded"]["status"] == "done" and cells["seeded"]["n_items"] == LIMIT

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from fastscore.provenance import versions_markdown
 from fastscore.study.conditions import (
     CLEAN_RETRY_SEEDED, CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES, SAME_AS_REFERENCE,
 )
@@ -77,6 +78,7 @@ def write_report(summary: dict[str, Any], out_dir: Path, meta: dict[str, Any]) -
         "## Weights\n\n" + str(meta.get("weights", NOT_RECORDED)),
         *([f"**{meta['sandbox_note']}.**"] if meta.get("sandbox_note") else []),
         _run_parameters(meta),
+        *([versions_markdown(meta["provenance"])] if "provenance" in meta else []),
         _stage_timings(meta.get("stage_seconds") or {}, meta.get("stage_tokens") or {}),
         _items(envs, meta.get("skipped") or {}),
         *([pooled_section(summary[POOLED])] if POOLED in summary else []),

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fastscore import provenance
 from fastscore.errors import DataError
 from fastscore.outputs import OutDirLock
 from fastscore.registry import default_model
@@ -269,7 +270,7 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
         scorer = given_scorer if given_scorer is not None else _open_scorer(config, progress)
     try:
         # Only now, with every setting valid and the model loaded, may the previous run's files be replaced.
-        resumed = store.start(config.result_settings(), config.resume)
+        resumed = store.start(config.result_settings(), config.resume, provenance.produced_by(scorer))
         computed = lambda: scorer.backend.stats.computed_tokens  # noqa: E731
         with timer("build items", computed):
             stored = store.load_items() if resumed else None
@@ -317,5 +318,6 @@ def _write_report(config, store, rows, summary, weights, skipped, errors, timer,
         meta = report_meta(config, weights, skipped, errors, timer.seconds, resumed, timer.tokens)
         meta["greedy_from"] = ("the scoring pass's argmax chain where a candidate's chain is complete (exact type), "
                                "decoded otherwise" if decode_plan(config).argmax_chain else "decoded")
+        meta["provenance"] = store.provenance()
         report = write_report(summary, Path(config.out_dir), meta)
     return plots, (report,)

@@ -1,7 +1,9 @@
 """The study's output folder: the files a run writes, and how a killed run resumes without losing or duplicating items.
 
 Files (all in out_dir):
-- config.json: the settings that determine the results; `--resume` with different settings is refused.
+- config.json: the settings that determine the results (`--resume` with different settings is refused) and, under
+  "provenance", what produced them: fastscore, Python and library versions, the weights and their note (a resumed
+  run under other versions appends its own under "resumed_with").
 - items.jsonl / skipped.jsonl: the item set and the source records that produced no item. Written atomically
   (temporary file + rename), and rewritten only when the item set differs.
 - logprobs.jsonl: one line per item, its candidate sets' log-probs under every condition (the scoring stage).
@@ -38,10 +40,16 @@ SCORES_FILE = "scores.jsonl"
 ITEM_ERRORS_FILE = "item_errors.jsonl"
 SUMMARY_FILE = "summary.json"
 RUN_FILES = (LOGPROBS_FILE, SCORES_FILE, ITEM_ERRORS_FILE, SUMMARY_FILE)
+# config.json's records of what produced the results: not settings, so never compared on resume
+PROVENANCE, RESUMED_WITH = "provenance", "resumed_with"
 
 
 def _jsonl(records: Iterable[dict[str, Any]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True, allow_nan=False) + "\n" for r in records)
+
+
+def _sans_time(provenance: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in provenance.items() if k != "created"}
 
 
 class AppendLog:
@@ -103,8 +111,8 @@ class StudyStore:
     def path(self, name: str) -> Path:
         return self.out_dir / name
 
-    def start(self, config: dict[str, Any], resume: bool) -> bool:
-        """Prepare out_dir for a run with `config`; return True when it resumes earlier work.
+    def start(self, config: dict[str, Any], resume: bool, provenance: dict[str, Any] | None = None) -> bool:
+        """Prepare out_dir for a run with `config` (recorded with `provenance`); return True when it resumes.
 
         A fresh run (no --resume) discards the previous run's scores but keeps items.jsonl, which it rewrites only
         if its item set differs. --resume with a different config raises ResumeConfigError.
@@ -113,6 +121,7 @@ class StudyStore:
         previous = self.read_config()
         if self.check_resume(config, resume):
             log.info("resuming the run in %s", self.out_dir)
+            self._record_resume(provenance)
             return True
         if resume:
             log.warning("nothing to resume in %s: starting a fresh run", self.out_dir)
@@ -124,8 +133,25 @@ class StudyStore:
             # Items built under another config must not be mistaken for this one's.
             for name in (ITEMS_FILE, SKIPPED_FILE):
                 self.path(name).unlink(missing_ok=True)
-        write_text_atomic(self.path(CONFIG_FILE), json.dumps(config, indent=2, sort_keys=True) + "\n")
+        record = {**config, **({PROVENANCE: provenance} if provenance is not None else {})}
+        write_text_atomic(self.path(CONFIG_FILE), json.dumps(record, indent=2, sort_keys=True) + "\n")
         return False
+
+    def _record_resume(self, provenance: dict[str, Any] | None) -> None:
+        """A resume under other versions or weights than the recorded ones appends its own provenance."""
+        record = self._read_record() or {}
+        known = [record.get(PROVENANCE), *record.get(RESUMED_WITH, [])]
+        if provenance is None or _sans_time(provenance) in [_sans_time(p) for p in known if p]:
+            return
+        log.warning("resuming %s with other versions or weights than it was started with; config.json records both",
+                    self.out_dir)
+        record[RESUMED_WITH] = [*record.get(RESUMED_WITH, []), provenance]
+        write_text_atomic(self.path(CONFIG_FILE), json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+    def provenance(self) -> list[dict[str, Any]]:
+        """What produced the results: the starting run's provenance, then any differing resumes'."""
+        record = self._read_record() or {}
+        return [p for p in (record.get(PROVENANCE), *record.get(RESUMED_WITH, [])) if p]
 
     def check_resume(self, config: dict[str, Any], resume: bool) -> bool:
         """Read-only: True when `resume` continues a run of the same `config`; ResumeConfigError for another one."""
@@ -142,6 +168,11 @@ class StudyStore:
         return True
 
     def read_config(self) -> dict[str, Any] | None:
+        """The stored settings (without the provenance records)."""
+        record = self._read_record()
+        return None if record is None else {k: v for k, v in record.items() if k not in (PROVENANCE, RESUMED_WITH)}
+
+    def _read_record(self) -> dict[str, Any] | None:
         path = self.path(CONFIG_FILE)
         if not path.exists():
             return None

@@ -14,6 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from fastscore import provenance
 from fastscore.errors import (
     ArtefactUnavailableError,
     ConversionError,
@@ -130,7 +131,8 @@ def run_sweep(config: SweepConfig, progress: bool = False) -> SweepOutcome:
         result = summarise_cells(out_dir, shards_by_cell, skipped, all_cells, config.seed, config.n_boot)
         meta = {"command": config.command, "seed": config.seed, "shard_size": config.shard_size,
                 "limit": "all" if config.limit is None else config.limit,
-                "ran_on": "in process" if config.ray is None else f"Ray ({config.ray})"}
+                "ran_on": "in process" if config.ray is None else f"Ray ({config.ray})",
+                "versions": provenance.versions()}  # the driver's; each shard's config.json records its worker's
         files = write_summary(out_dir, result, meta, _params(config.models))
     return SweepOutcome(out_dir, len(shards), len(shards) - len(pending), skipped, result,
                         time.perf_counter() - started, tuple(files))

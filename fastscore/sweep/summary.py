@@ -167,6 +167,11 @@ def write_summary(out_dir: Path, result: dict[str, Any], meta: dict[str, Any],
              "summarised by the study's own metrics (percentile bootstrap over items, 95%). G is the corrective gain "
              "of the `after` condition against `before`; P(repeat) is the failed action's probability within the "
              "fixed candidate set. Under `model` failures a cell's items are the examined sources the model failed.")
+    if meta.get("versions"):
+        found = meta["versions"]
+        intro += (f" Versions (driver): fastscore {found['fastscore_version']}, Python {found['python']}, "
+                  + ", ".join(f"{k} {v}" for k, v in found["libraries"].items() if v)
+                  + "; each shard's `config.json` records its worker's versions and weights.")
     text = "\n\n".join(filter(None, [
         "# fastscore sweep",
         intro,
