@@ -64,18 +64,23 @@ class Session:
 
     def generate(
         self,
-        messages: Sequence[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]] | None = None,
         *,
         tools: Sequence[Mapping[str, Any]] = (),
         banned: Sequence[str] = (),
         ban_prefix: bool = True,
         max_new_tokens: int = 128,
+        prompt: str | None = None,
     ) -> GreedyResult:
-        """The greedy reply to `messages`; it never starts with (`ban_prefix=False`: never equals) any of `banned`,
-        compared as text."""
-        record = self._records([{"id": 0, "messages": list(messages), "candidates": ["-"], "tools": list(tools),
-                                 "banned": list(banned)}])[0]
-        request = GreedyRequest(record.key, record.messages, record.banned, record.tools)
+        """The greedy reply to `messages` (or, with `prompt=`, the greedy continuation of that raw text); it never
+        starts with (`ban_prefix=False`: never equals) any of `banned`, compared as text."""
+        raw: dict[str, Any] = {"id": 0, "candidates": ["-"], "tools": list(tools), "banned": list(banned)}
+        if prompt is not None:
+            raw["prompt"] = prompt
+        else:
+            raw["messages"] = list(messages or [])
+        record = self._records([raw])[0]
+        request = GreedyRequest(record.key, record.messages, record.banned, record.tools, record.prompt)
         return self.scorer.greedy([request], max_new_tokens, ban_prefix=ban_prefix)[0]
 
     @staticmethod

@@ -107,6 +107,7 @@ class GreedyRequest:
     messages: tuple[Message, ...]
     banned: tuple[str, ...] = ()
     tools: tuple[Any, ...] = ()
+    prompt: str | None = None  # raw text instead of messages: its continuation is decoded, no template involved
 
 
 @dataclass(frozen=True)

@@ -117,11 +117,7 @@ def _compute(scorer, records: Sequence[InputRecord], generation: Generation | No
     scored = scorer.score_candidates([r.candidate_set() for r in records])
     greedy: Sequence[GreedyResult | None] = [None] * len(records)
     if generation is not None:
-        for r in records:
-            if r.prompt is not None:
-                raise RequestError("greedy generation needs chat messages, not a raw-text 'prompt'", line=r.line,
-                                   request_id=r.id)
-        greedy = scorer.greedy([GreedyRequest(r.key, r.messages, r.banned, r.tools) for r in records],
+        greedy = scorer.greedy([GreedyRequest(r.key, r.messages, r.banned, r.tools, r.prompt) for r in records],
                                generation.max_new_tokens, ban_prefix=generation.ban_prefix)
     return [output_line(r, s, g) for r, s, g in zip(records, scored, greedy, strict=True)]
 

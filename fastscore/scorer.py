@@ -145,6 +145,17 @@ class Scorer:
         ids, _, _ = self._with_bos(enc.ids, enc.starts, enc.ends, request_id)
         return [int(i) for i in ids]
 
+    def prompt_ids(self, prompt: str, request_id: object = None) -> list[int]:
+        """Token ids of a raw-text prompt, tokenized as a raw-text request's context is (the context greedy
+        decoding continues without a template)."""
+        rendered = chat.raw_text(prompt, "")
+        enc = self.tokenizer.encode(rendered.text, rendered.literal_spans)
+        ids, _, _ = self._with_bos(enc.ids, enc.starts, enc.ends, request_id)
+        if len(ids) == 0:
+            raise RequestError("an empty prompt needs a BOS token, which this model does not add: nothing to continue",
+                               request_id=request_id)
+        return [int(i) for i in ids]
+
     def prepare(self, request: ScoreRequest) -> PreparedRequest:
         """Render, tokenize and locate the scored tokens of one request (no model call)."""
         rid = request.id
@@ -292,14 +303,16 @@ class Scorer:
 
     def greedy(self, requests: Sequence[GreedyRequest], max_new_tokens: int = 128, ban_prefix: bool = False, *,
                temperature: float = 0.0, rngs: Sequence[np.random.Generator] | None = None) -> list[GreedyResult]:
-        """Greedy completion of each context (rendered with a generation prompt), never equal to its banned texts
+        """Greedy completion of each context (rendered with a generation prompt; a raw-text prompt as it is), never
+        equal to its banned texts
         (with `ban_prefix`, never starting with one); with temperature > 0, a sampled completion drawing from
         `rngs[i]` (one Generator per request)."""
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         contexts = []
         for request in requests:
-            ids = self.context_ids(request.messages, request.id, request.tools)
+            ids = (self.prompt_ids(request.prompt, request.id) if request.prompt is not None
+                   else self.context_ids(request.messages, request.id, request.tools))
             if len(ids) + max_new_tokens > self.backend.n_ctx:
                 raise ContextTooLongError(
                     f"the context is {len(ids)} tokens; with {max_new_tokens} new tokens that is longer than the "
