@@ -77,11 +77,29 @@ def gather_logprobs(
     return picked - lse[where], argmax[where] == targets
 
 
-def ranks_and_top_k(
-    logits_rows: np.ndarray, targets: np.ndarray, rows: np.ndarray, logprobs: np.ndarray, k: int = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each target's rank under its row (1 + the number of strictly larger logits: ties share a rank), and the
-    k most likely token ids with their log-probs, best first (int64 [n, k], float64 [n, k]).
+def token_ranks(logits_rows: np.ndarray, targets: np.ndarray, rows: np.ndarray, is_argmax: np.ndarray) -> np.ndarray:
+    """Each target's rank under its row: 1 + the number of strictly larger logits (ties share a rank).
+
+    `is_argmax` is gather_logprobs' for the same targets: a row's argmax has no larger logit, so its rank is 1
+    without reading the row (teacher-forced actions are mostly their model's argmax). The other targets compare
+    their row against their own logit once, block by block.
+    """
+    logits = _as_rows(logits_rows)
+    targets = np.asarray(targets, dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64)
+    ranks = np.ones(len(targets), dtype=np.int64)
+    todo = np.flatnonzero(~np.asarray(is_argmax, dtype=bool))
+    for start in range(0, len(todo), _BLOCK_ROWS):
+        block = todo[start : start + _BLOCK_ROWS]
+        picked = logits[rows[block], targets[block]]
+        ranks[block] += np.count_nonzero(logits[rows[block]] > picked[:, None], axis=1)
+    return ranks
+
+
+def top_k_logprobs(logits_rows: np.ndarray, targets: np.ndarray, rows: np.ndarray, logprobs: np.ndarray, k: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The k most likely token ids under each target's row with their log-probs, best first (int64 [n, k],
+    float64 [n, k]).
 
     `logprobs` are gather_logprobs' for the same targets: each row's normaliser is read back from them
     (logit - logprob) instead of being computed a second time.
@@ -89,22 +107,17 @@ def ranks_and_top_k(
     logits = _as_rows(logits_rows)
     targets = np.asarray(targets, dtype=np.int64)
     rows = np.asarray(rows, dtype=np.int64)
-    picked = logits[rows, targets]
-    ranks = np.empty(len(targets), dtype=np.int64)
-    for start in range(0, len(targets), _BLOCK_ROWS):
-        block = slice(start, start + _BLOCK_ROWS)
-        ranks[block] = 1 + (logits[rows[block]] > picked[block, None]).sum(axis=1)
     k = min(int(k), logits.shape[1])
     if k <= 0:
-        return ranks, np.zeros((len(targets), 0), np.int64), np.zeros((len(targets), 0), np.float64)
-    lse = picked.astype(np.float64) - np.asarray(logprobs, dtype=np.float64)
+        return np.zeros((len(targets), 0), np.int64), np.zeros((len(targets), 0), np.float64)
+    lse = logits[rows, targets].astype(np.float64) - np.asarray(logprobs, dtype=np.float64)
     chosen = logits[rows]
     top = np.argpartition(-chosen, k - 1, axis=1)[:, :k] if k < logits.shape[1] else np.tile(
         np.arange(logits.shape[1]), (len(rows), 1))
     values = np.take_along_axis(chosen, top, axis=1).astype(np.float64)
     order = np.argsort(-values, axis=1, kind="stable")
     top, values = np.take_along_axis(top, order, axis=1), np.take_along_axis(values, order, axis=1)
-    return ranks, top.astype(np.int64), values - lse[:, None]
+    return top.astype(np.int64), values - lse[:, None]
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastscore.engine.trie import Group, Trie, all_owners, leaf_owners, pack
-from fastscore.mathops import gather_logprobs, log_softmax_rows, ranks_and_top_k
+from fastscore.mathops import gather_logprobs, log_softmax_rows, token_ranks, top_k_logprobs
 from fastscore.records import TokenRequest, TokenScores
 
 
@@ -82,14 +82,14 @@ class Gather:
         bounds = np.cumsum([0] + [len(r) for r in self.rows])
         targets, rows = np.concatenate(self.targets), np.concatenate(self.rows)
         logprobs, is_argmax = gather_logprobs(logits_rows, targets, rows)
-        ranks, _, _ = ranks_and_top_k(logits_rows, targets, rows, logprobs)
+        ranks = token_ranks(logits_rows, targets, rows, is_argmax)
         out = []
         for k in range(len(self.members)):
             part = slice(bounds[k], bounds[k + 1])
             top_ids = top_logprobs = None
             if self.top_k and self.top_k[k] > 0:
-                _, top_ids, top_logprobs = ranks_and_top_k(logits_rows, targets[part], rows[part], logprobs[part],
-                                                           self.top_k[k])
+                top_ids, top_logprobs = top_k_logprobs(logits_rows, targets[part], rows[part], logprobs[part],
+                                                       self.top_k[k])
             out.append(TokenScores(logprobs=logprobs[part], is_argmax=is_argmax[part], ranks=ranks[part],
                                    top_ids=top_ids, top_logprobs=top_logprobs))
         return out
