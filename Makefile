@@ -57,7 +57,7 @@ test-all: install chromium templates
 	$(PY) -m pytest -q
 
 study: install
-	$(VENV)/bin/fastscore study --data $(DATA) --out $(STUDY_OUT)
+	$(VENV)/bin/fastscore study --data $(DATA) --out $(STUDY_OUT) --sensitivity
 	# Both failure sources are complete studies in their own subfolders: one report.html each.
 	@for dir in $(STUDY_OUT) $(STUDY_OUT)/seeded $(STUDY_OUT)/model; do \
 	  if [ -f "$$dir/config.json" ]; then $(VENV)/bin/fastscore report-html "$$dir" || exit 1; fi; \
