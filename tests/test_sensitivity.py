@@ -68,7 +68,8 @@ def _fake_scorer(folder: Path) -> Scorer:
 def test_the_checks_write_the_record_as_the_other_role_and_in_the_native_tool_format(
         tools_env, real_template, smollm_tokenizer, tmp_path):
     items = [i for i in tools_env.build_items(12, 0)[0] if "(" in i.failed_action]
-    scorer = _fake_scorer(copy_tokenizer(Path(smollm_tokenizer.name), tmp_path / "q", template=real_template("qwen2.5")))
+    folder = copy_tokenizer(Path(smollm_tokenizer.name), tmp_path / "q", template=real_template("qwen2.5"))
+    scorer = _fake_scorer(folder)
     plan = check_requests(items[0], tools_env, scorer)
     role_after = plan["record_role"].sets["after"]
     assert [m.role for m in role_after.messages] == ["system", "user", "assistant", "user"]  # tool -> user

@@ -1,4 +1,5 @@
-"""The report's "Sensitivity" section: the harness-realism checks as changes on the headline (fastscore.study.sensitivity).
+"""The report's "Sensitivity" section: the harness-realism checks as changes on the headline
+(fastscore.study.sensitivity).
 
 A check that applies to no item shows "not applicable" with the reason in its cells, never a number.
 """

@@ -38,9 +38,11 @@ from fastscore.study.metrics_stats import bootstrap_ci, resample_indices
 
 CHECKS = ("record_role", "native_tools")
 DESCRIPTIONS = {
-    "record_role": "the error record in the other role (tools: user instead of tool; MBPP: tool instead of user)",
-    "native_tools": "the template's native tool format (tools=, the failed call as assistant tool_calls, the error "
-                    "as a tool message) instead of the text-schema prompt",
+    "record_role": "the error record as a user message instead of the runtime's tool message (tools), as a tool "
+                   "message instead of the test harness's user message (MBPP)",
+    "native_tools": "the tools passed as tools=, the failed call as an assistant tool_calls message, the error as a "
+                    "tool message, each candidate written as the template writes that call (instead of the "
+                    "text-schema prompt)",
 }
 NO_TOOLS_TEMPLATE = "the model's chat template does not accept tools= (it renders neither tools nor tool calls)"
 # Absent keys of a check that applies to no item carry this key, never a number.
@@ -148,7 +150,8 @@ def _check_summary(gains: np.ndarray, deltas: np.ndarray, reasons: Counter, idx_
         return out
     idx = resample_indices(len(gains), n_boot, idx_seed)
     for name, pair in (("gain_per_token", gains), ("delta_gain_per_token", deltas)):
-        out[name] = {"default": bootstrap_ci(pair[:, 0], idx).to_dict(), "check": bootstrap_ci(pair[:, 1], idx).to_dict(),
+        out[name] = {"default": bootstrap_ci(pair[:, 0], idx).to_dict(),
+                     "check": bootstrap_ci(pair[:, 1], idx).to_dict(),
                      "change": bootstrap_ci(pair[:, 1] - pair[:, 0], idx).to_dict()}
     return out
 

@@ -42,13 +42,13 @@ def _item_record(item: Item, plan: Mapping[str, CheckRequests | str], results: S
 def sensitivity_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items: Sequence[Item], *,
                       progress: bool = False, after_item: Callable[[str, str], None] | None = None) -> None:
     """Append each scored item's check results (or the reason a check does not apply) to sensitivity.jsonl."""
-    log = store.sensitivity()
-    done = set(log.load())
+    records = store.sensitivity()
+    done = set(records.load())
     scored = set(store.logprobs().load())  # items the study could not score have no headline to compare with
-    members_of = [item for item in items if item.item_id in scored]
-    with tqdm(total=len(members_of), initial=sum(i.item_id in done for i in members_of), desc="sensitivity checks",
+    scored_items = [item for item in items if item.item_id in scored]
+    with tqdm(total=len(scored_items), initial=sum(i.item_id in done for i in scored_items), desc="sensitivity checks",
               unit="item", disable=not progress) as bar:
-        for chunk in chunks(members_of, ITEMS_PER_SCORE_CALL):
+        for chunk in chunks(scored_items, ITEMS_PER_SCORE_CALL):
             if all(item.item_id in done for item in chunk):
                 continue
             plans = {item.item_id: check_requests(item, envs[item.env], scorer) for item in chunk}
@@ -58,7 +58,7 @@ def sensitivity_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], i
             for item in chunk:
                 if item.item_id in done:
                     continue
-                log.append([_item_record(item, plans[item.item_id], results.get(item.item_id, []),
+                records.append([_item_record(item, plans[item.item_id], results.get(item.item_id, []),
                                          failed.get(item.item_id))])
                 bar.update(1)
                 if after_item is not None:
