@@ -7,7 +7,7 @@ DATA ?= ../shared/data
 STUDY_OUT ?= study-out
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
-.PHONY: install bubblewrap chromium test test-all study clean
+.PHONY: install bubblewrap chromium templates test test-all study clean
 
 # The stamp is rewritten only after every step succeeded, so an interrupted install is redone next time.
 $(VENV)/.installed: pyproject.toml Makefile
@@ -45,14 +45,19 @@ bubblewrap:
 chromium:
 	@$(call apt_install,chromium,chromium,echo "chromium is missing; install it with: sudo apt-get install -y chromium" >&2)
 
-test: install chromium
+# Real Qwen2.5 / Qwen3 / Llama 3.x chat templates for the parity and sensitivity tests, from the llama-cpp-python
+# sdist on PyPI (not committed: their licences); cached in FASTSCORE_HOME, so the tests themselves run offline.
+templates: install
+	$(PY) -m fastscore.chat_templates
+
+test: install chromium templates
 	$(PY) -m pytest -m "not slow" -q
 
-test-all: install chromium
+test-all: install chromium templates
 	$(PY) -m pytest -q
 
 study: install
-	$(VENV)/bin/fastscore study --data $(DATA) --out $(STUDY_OUT)
+	$(VENV)/bin/fastscore study --data $(DATA) --out $(STUDY_OUT) --sensitivity
 	# Both failure sources are complete studies in their own subfolders: one report.html each.
 	@for dir in $(STUDY_OUT) $(STUDY_OUT)/seeded $(STUDY_OUT)/model; do \
 	  if [ -f "$$dir/config.json" ]; then $(VENV)/bin/fastscore report-html "$$dir" || exit 1; fi; \

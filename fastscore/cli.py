@@ -168,9 +168,12 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
 @click.option("--sandbox", default="bwrap", show_default=True, type=click.Choice(["bwrap", "rlimits"]),
               help="How MBPP programs run: bwrap (isolated by bubblewrap) or rlimits (limits only, not isolated; "
                    "the report says so).")
+@click.option("--sensitivity", is_flag=True,
+              help="Also score the harness-realism checks (error record as tool vs user message; the template's "
+                   "native tool format) and report them as changes on the headline. Scoring only.")
 @_friendly
 def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_end_of_turn, out, data, resume, threads,
-          max_new_tokens, n_boot, hf_path, sandbox) -> None:
+          max_new_tokens, n_boot, hf_path, sandbox, sensitivity) -> None:
     """Run the corrective-gain study end to end and write its results, report and plots into --out."""
     from fastscore.registry import default_model
     from fastscore.study.report import headline
@@ -182,7 +185,7 @@ def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_e
         envs=tuple(e.strip() for e in envs.split(",") if e.strip()),
         limit=DEFAULT_LIMIT if limit == "default" else limit, seed=seed, failures=failures, retries=retries,
         include_end_of_turn=not exclude_end_of_turn, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot,
-        max_new_tokens=max_new_tokens, hf_path=hf_path, threads=threads, sandbox=sandbox,
+        max_new_tokens=max_new_tokens, hf_path=hf_path, threads=threads, sandbox=sandbox, sensitivity=sensitivity,
     )  # fmt: skip
     outcome = run_study(config, progress=True)
     for line in headline(outcome):

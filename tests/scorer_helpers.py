@@ -41,6 +41,27 @@ def copy_tokenizer(src: Path, dst: Path, *, template: str | None = None, config:
     return dst
 
 
+# The Llama 3 chat template's control tokens, given the ids of SmolLM2 code-repository specials that chat never uses:
+# the tiny models and the test tokenizers keep SmolLM2's vocabulary (and its size), yet the template's
+# <|eot_id|> is a control token there, as in Llama 3's own vocabulary.
+LLAMA3_SPECIALS = {"<repo_name>": "<|begin_of_text|>", "<reponame>": "<|start_header_id|>",
+                   "<file_sep>": "<|end_header_id|>", "<filename>": "<|eot_id|>"}
+
+
+def rename_special_tokens(folder: Path, renames: Mapping[str, str] = LLAMA3_SPECIALS) -> Path:
+    """Give special tokens of a tokenizer folder new texts, in place (ids and vocabulary size unchanged)."""
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    for token in spec["added_tokens"]:
+        token["content"] = renames.get(token["content"], token["content"])
+    spec["model"]["vocab"] = {renames.get(t, t): i for t, i in spec["model"]["vocab"].items()}
+    (folder / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    for token in config.get("added_tokens_decoder", {}).values():
+        token["content"] = renames.get(token["content"], token["content"])
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False))
+    return folder
+
+
 class ScriptedDecoder(Decoder):
     """Logits keyed on the tokens generated so far: script[generated] lists preferred tokens, best first.
 

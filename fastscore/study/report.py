@@ -19,6 +19,7 @@ from fastscore.study.report_control import cell as _cell
 from fastscore.study.report_control import copy_control_section, delta_reading, kinds_section, pooled_section
 from fastscore.study.report_control import num as _num
 from fastscore.study.report_control import table as _table
+from fastscore.study.report_sensitivity import sensitivity_section
 from fastscore.study.envs import env_class
 from fastscore.study.items import Skipped
 from fastscore.study.plots import PLOT_FILES, PLOT_TITLES
@@ -82,6 +83,7 @@ def write_report(summary: dict[str, Any], out_dir: Path, meta: dict[str, Any]) -
         _stage_timings(meta.get("stage_seconds") or {}, meta.get("stage_tokens") or {}),
         _items(envs, meta.get("skipped") or {}),
         *([pooled_section(summary[POOLED])] if POOLED in summary else []),
+        *filter(None, [sensitivity_section(summary)]),
     ]
     marks = {**BY_CONSTRUCTION, **(BY_CONSTRUCTION_MODEL if meta.get("failure_source") == "model" else {})}
     for env, env_summary in envs.items():

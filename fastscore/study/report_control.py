@@ -136,7 +136,15 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
         "action did not come from the clean context, so clean retry is not applicable there.\n\n"
         + table(["source", "env", "clean retry: sampled share repeating", "after: exp(lp)", "description: exp(lp)",
                  "dont_repeat: exp(lp)", "before: exp(lp) (= clean context)"], retry),
+        *_sensitivity_by_source(by_source),
     ])
+
+
+def _sensitivity_by_source(by_source: dict[str, dict[str, Any]]) -> list[str]:
+    from fastscore.study.report_sensitivity import HEADING, sensitivity_section
+
+    sections = {source: sensitivity_section(summary) for source, summary in by_source.items()}
+    return [text.replace(HEADING, f"{HEADING} ({source} failures)", 1) for source, text in sections.items() if text]
 
 
 def _env_headline(s: dict[str, Any]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from fastscore.study.metrics import read_score_rows, summarize
 from fastscore.study.onpolicy import ModelFailureBuilder
 from fastscore.study.stages.decode import DecodePlan, greedy_stage
 from fastscore.study.stages.score import score_stage
+from fastscore.study.stages.sensitivity import attach_sensitivity, sensitivity_stage
 from fastscore.study.store import SCORES_FILE, StudyStore
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ class StudyConfig:
     # Only the seeded items [start, stop) of each environment's order (under model failures: those of them the model
     # fails): a sweep's shard. None: the first `limit` items.
     window: tuple[int, int] | None = None
+    # Harness-realism checks (fastscore.study.sensitivity): extra scoring after the study's stages, reported as
+    # changes on the headline. Off by default: `make study` turns them on (--sensitivity).
+    sensitivity: bool = False
 
     def __post_init__(self) -> None:
         if self.quant is None:
@@ -100,6 +104,7 @@ class StudyConfig:
             "max_new_tokens": {env: self.new_tokens(env) for env in self.envs},
             "hf_path": None if self.hf_path is None else str(Path(self.hf_path).resolve()),
             "window": None if self.window is None else list(self.window),
+            "sensitivity": self.sensitivity,
         }
 
 
@@ -286,6 +291,9 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
         with timer("greedy decoding", computed):
             greedy_stage(store, scorer, envs, items, config.new_tokens, decode_plan(config), progress=progress,
                          after_item=after_item)
+        if config.sensitivity:
+            with timer("sensitivity checks", computed):
+                sensitivity_stage(store, scorer, envs, items, progress=progress, after_item=after_item)
         weights = scorer.weights_note
     finally:
         if given_scorer is None:
@@ -299,6 +307,8 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
     with timer("summarise"):
         rows = read_score_rows(store.path(SCORES_FILE))
         summary = summarize(rows, seed=config.seed, n_boot=config.n_boot)
+        if config.sensitivity:
+            attach_sensitivity(summary, store, config.seed, config.n_boot)
         summary_path = store.write_summary(summary)
     plots, report_files = _write_report(config, store, rows, summary, weights, skipped, errors, timer, resumed)
     total = time.perf_counter() - started

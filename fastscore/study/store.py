@@ -8,6 +8,8 @@ Files (all in out_dir):
   (temporary file + rename), and rewritten only when the item set differs.
 - logprobs.jsonl: one line per item, its candidate sets' log-probs under every condition (the scoring stage).
 - scores.jsonl: the final per item x condition rows (metrics.ScoreRow); an item's rows are written together.
+- sensitivity.jsonl: one line per item, its candidate sets' log-probs under the harness-realism checks
+  (fastscore.study.sensitivity), when the run makes them.
 - item_errors.jsonl: items that could not be scored (e.g. a context too long for the model), with the reason.
 
 The three append logs are written one item per write, flushed and fsynced. A kill can leave a partial last line (with
@@ -39,9 +41,12 @@ LOGPROBS_FILE = "logprobs.jsonl"
 SCORES_FILE = "scores.jsonl"
 ITEM_ERRORS_FILE = "item_errors.jsonl"
 SUMMARY_FILE = "summary.json"
-RUN_FILES = (LOGPROBS_FILE, SCORES_FILE, ITEM_ERRORS_FILE, SUMMARY_FILE)
+SENSITIVITY_FILE = "sensitivity.jsonl"
+RUN_FILES = (LOGPROBS_FILE, SCORES_FILE, ITEM_ERRORS_FILE, SUMMARY_FILE, SENSITIVITY_FILE)
 # config.json's records of what produced the results: not settings, so never compared on resume
 PROVENANCE, RESUMED_WITH = "provenance", "resumed_with"
+# Settings added after runs were first written: a config.json without one was run with its default, and resumes.
+LATER_SETTINGS = {"sensitivity": False}
 
 
 def _jsonl(records: Iterable[dict[str, Any]]) -> str:
@@ -170,7 +175,9 @@ class StudyStore:
     def read_config(self) -> dict[str, Any] | None:
         """The stored settings (without the provenance records)."""
         record = self._read_record()
-        return None if record is None else {k: v for k, v in record.items() if k not in (PROVENANCE, RESUMED_WITH)}
+        if record is None:
+            return None
+        return {**LATER_SETTINGS, **{k: v for k, v in record.items() if k not in (PROVENANCE, RESUMED_WITH)}}
 
     def _read_record(self) -> dict[str, Any] | None:
         path = self.path(CONFIG_FILE)
@@ -221,8 +228,12 @@ class StudyStore:
     def item_errors(self) -> AppendLog:
         return AppendLog(self.path(ITEM_ERRORS_FILE))
 
+    def sensitivity(self) -> AppendLog:
+        return AppendLog(self.path(SENSITIVITY_FILE))
+
     def existing_files(self) -> list[str]:
-        names = (CONFIG_FILE, ITEMS_FILE, SKIPPED_FILE, LOGPROBS_FILE, SCORES_FILE, ITEM_ERRORS_FILE, SUMMARY_FILE)
+        names = (CONFIG_FILE, ITEMS_FILE, SKIPPED_FILE, LOGPROBS_FILE, SCORES_FILE, SENSITIVITY_FILE, ITEM_ERRORS_FILE,
+                 SUMMARY_FILE)
         return [name for name in names if self.path(name).exists()]
 
     def write_summary(self, summary: dict[str, Any]) -> Path:

@@ -79,6 +79,11 @@ class StudyEnv(abc.ABC):
     def success_message(self, item: Item) -> str:
         """What the harness prints when the action succeeds (the `success` counterfactual)."""
 
+    def native_tools(self, item: Item) -> Any:
+        """The item in a chat template's native tool format (a NativeItem; the sensitivity check); ValueError with
+        the reason where the environment's actions have no such form."""
+        raise ValueError(f"{self.name} actions are programs, not tool calls")
+
     def finished_action(self, text: str, stopped_by: str) -> bool:
         """Is a model's attempt a finished action? By default: it ended its turn (not cut off at the token cap)."""
         return stopped_by == "end_of_turn"

@@ -24,6 +24,7 @@ from fastscore.study.envs.base import Outcome, Records, StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.envs.tools.answers import GroundTruthError, canonical_call, match_answer
 from fastscore.study.envs.tools.describe import describe_failure
+from fastscore.study.envs.tools.native import NativeItem, native_item
 from fastscore.study.envs.tools.mutations import mutation_rng, seeded_mutations
 from fastscore.study.envs.tools.runtime import (
     CALL_FORMAT_INSTRUCTIONS, Call, ToolOutcome, ToolRejection, ToolRuntime, parse_call,
@@ -296,6 +297,9 @@ class ToolsEnv(StudyEnv):
 
     def failure_item(self, source: ToolSource, text: str, outcome: Outcome, seed: int) -> Item:
         return item_from_failure(source, text, outcome.native, seed)
+
+    def native_tools(self, item: Item) -> NativeItem:
+        return native_item(self.source(item.source_id).functions, item.candidates)
 
     def success_message(self, item: Item) -> str:
         return SUCCESS_TEMPLATE.format(function=_called_function(item))
