@@ -300,3 +300,13 @@ def test_the_default_data_folder_does_not_depend_on_the_working_directory(tmp_pa
     assert StudyConfig().data_dir == here
     monkeypatch.setenv("FASTSCORE_DATA", str(tmp_path))
     assert default_data_dir() == tmp_path
+
+
+def test_a_run_recorded_before_a_setting_existed_resumes_under_its_default(tmp_path):
+    store = StudyStore(tmp_path)
+    store.start({"seed": 0}, resume=False)  # a config.json written before "sensitivity" was a setting
+    store.scores(8).append([{"item_id": "a"}])
+    assert store.start({"seed": 0, "sensitivity": False}, resume=True) is True
+    assert (tmp_path / "scores.jsonl").exists()
+    with pytest.raises(ResumeConfigError, match="sensitivity: was False, now True"):
+        store.start({"seed": 0, "sensitivity": True}, resume=True)

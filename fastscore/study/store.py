@@ -134,7 +134,7 @@ class StudyStore:
             if self.path(name).exists():
                 log.info("fresh run: removing the previous %s", name)
                 self.path(name).unlink()
-        if previous != config:
+        if previous is None or {**LATER_SETTINGS, **previous} != {**LATER_SETTINGS, **config}:
             # Items built under another config must not be mistaken for this one's.
             for name in (ITEMS_FILE, SKIPPED_FILE):
                 self.path(name).unlink(missing_ok=True)
@@ -163,6 +163,7 @@ class StudyStore:
         previous = self.read_config()
         if not resume or previous is None:
             return False
+        previous, config = {**LATER_SETTINGS, **previous}, {**LATER_SETTINGS, **config}
         differing = sorted(k for k in set(previous) | set(config) if previous.get(k) != config.get(k))
         if differing:
             details = "; ".join(f"{k}: was {previous.get(k)!r}, now {config.get(k)!r}" for k in differing)
@@ -175,9 +176,7 @@ class StudyStore:
     def read_config(self) -> dict[str, Any] | None:
         """The stored settings (without the provenance records)."""
         record = self._read_record()
-        if record is None:
-            return None
-        return {**LATER_SETTINGS, **{k: v for k, v in record.items() if k not in (PROVENANCE, RESUMED_WITH)}}
+        return None if record is None else {k: v for k, v in record.items() if k not in (PROVENANCE, RESUMED_WITH)}
 
     def _read_record(self) -> dict[str, Any] | None:
         path = self.path(CONFIG_FILE)
