@@ -155,8 +155,11 @@ def _decode(backend, contexts: Sequence[Sequence[int]], new_tokens: int) -> tupl
     return prefilled - started, done - prefilled
 
 
-def measure_greedy(scorer, workload: Workload, batch_sizes: Sequence[int], new_tokens: int, repeats: int) -> dict:
-    """Decode tokens/s with B contexts in one batch vs the same B contexts one at a time (fixed step count)."""
+def measure_greedy(scorer, workload: Workload, batch_sizes: Sequence[int], new_tokens: int, repeats: int,
+                   sequential: bool = True) -> dict:
+    """Decode tokens/s with B contexts in one batch vs the same B contexts one at a time (fixed step count).
+
+    `sequential` False skips the one-at-a-time runs (their figures are then absent)."""
     backend = scorer.backend
     distinct = [scorer.context_ids(m) for m in workload.contexts()]
     pool = [distinct[i % len(distinct)] for i in range(max(batch_sizes))]
@@ -168,18 +171,20 @@ def measure_greedy(scorer, workload: Workload, batch_sizes: Sequence[int], new_t
         def batched():
             return _decode(backend, contexts, new_tokens)
 
-        def sequential():
+        def one_at_a_time():
             parts = [_decode(backend, [c], new_tokens) for c in contexts]
             return tuple(map(sum, zip(*parts)))
 
         runs_b = [batched() for _ in range(repeats)]
-        runs_s = [sequential() for _ in range(repeats)]
-        dec_b, dec_s = median(r[1] for r in runs_b), median(r[1] for r in runs_s)
+        dec_b = median(r[1] for r in runs_b)
         out[str(b)] = {
             "contexts": b, "new_tokens": new_tokens,
             "batched": {"decode_seconds": dec_b, "prefill_seconds": median(r[0] for r in runs_b),
-                        "tokens_per_s": b * new_tokens / dec_b},
-            "sequential": {"decode_seconds": dec_s, "prefill_seconds": median(r[0] for r in runs_s),
-                           "tokens_per_s": b * new_tokens / dec_s},
+                        "prefill_tokens": sum(map(len, contexts)), "tokens_per_s": b * new_tokens / dec_b},
         }
+        if sequential:
+            runs_s = [one_at_a_time() for _ in range(repeats)]
+            dec_s = median(r[1] for r in runs_s)
+            out[str(b)]["sequential"] = {"decode_seconds": dec_s, "prefill_seconds": median(r[0] for r in runs_s),
+                                         "tokens_per_s": b * new_tokens / dec_s}
     return out
