@@ -127,8 +127,8 @@ def conversion_rows(all_results: Sequence[dict]) -> list[str]:
         cells = []
         for variant in CONVERSION_LABELS:
             step = res["steps"].get(f"convert-{variant}", {})
-            if "error" in step or "skipped" in step:
-                cells.append("failed" if "error" in step else "skipped")
+            if "error" in step:
+                cells.append("failed")
             elif step:
                 cells.append(f"{step['wall_seconds']:.0f} / {_gb(step.get('max_rss_bytes'))} / {_gb(step.get('bytes'))}")
             else:
@@ -145,7 +145,7 @@ def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]
             r = rates(res, backend, quant)
             if r is None:
                 step = res["steps"].get(f"score-{backend}-{quant}", {})
-                why = "skipped" if "skipped" in step else ("failed" if "error" in step else "not measured")
+                why = "failed" if "error" in step else "not measured"
                 lines.append(f"| {res['label']} | {backend} {quant} | {why} | | | |")
                 continue
             greedy = (f"{_f(r.get('greedy_decode'), 1)} ({_f(r.get('greedy_with_prefill'), 1)})"

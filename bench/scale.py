@@ -53,8 +53,8 @@ class ScaleOptions:
     pp_tokens: int = 512
     greedy_batch: int = 32
     new_tokens: int = 32
-    skip: tuple[str, ...] = ()  # steps to leave out, e.g. "onnx-int8" or "score-onnx-int8" (noted in the results)
-    prune: bool = False  # delete a stand-in's cached artefacts once all its steps are recorded (disk)
+    skip: tuple[str, ...] = ()  # steps to leave out this time, e.g. "onnx-int8", "score", "greedy-onnx-int8"
+    prune: bool = False  # delete a stand-in's cached artefacts once the recorded steps no longer need them (disk)
     seed: int = 0
 
 
@@ -66,7 +66,8 @@ def step_names() -> list[str]:
 
 
 def _skipped(step: str, skip: Sequence[str]) -> bool:
-    return any(step == s or step.endswith(f"-{s}") for s in skip)
+    """`skip` names steps ("score-onnx-int8"), kinds ("score", "greedy", "convert") or variants ("onnx-int8")."""
+    return any(step == s or step.startswith(f"{s}-") or step.endswith(f"-{s}") for s in skip)
 
 
 def results_path(out_dir: Path, model: str) -> Path:
@@ -123,9 +124,7 @@ def run_model(model: str, opts: ScaleOptions, workload: Path, scratch: Path,
         on_step(step)
         if step in results["steps"]:
             continue
-        if _skipped(step, opts.skip):
-            results["steps"][step] = {"skipped": "left out by --scale-skip (time budget)"}
-            _save(opts.out_dir, results)
+        if _skipped(step, opts.skip):  # not recorded: a later run without --skip measures it
             continue
         load_before = [round(x, 2) for x in os.getloadavg()]
         started = time.perf_counter()
@@ -143,14 +142,31 @@ def run_model(model: str, opts: ScaleOptions, workload: Path, scratch: Path,
             figures["bytes"] = artefact_sizes(model).get(step.removeprefix("convert-"))
         results["steps"][step] = figures
         _save(opts.out_dir, results)
-    results["artefact_bytes"] = artefact_sizes(model)
+    results["artefact_bytes"] = {**results.get("artefact_bytes", {}), **artefact_sizes(model)}
     _save(opts.out_dir, results)
     if opts.prune and standin.is_standin(model):
-        from fastscore.resolve import model_source
-
-        shutil.rmtree(artefact_cache.home() / model_source(model).key, ignore_errors=True)
-        log.info("pruned the cached artefacts of %s", model)
+        _prune(model, results)
     return results
+
+
+def _prune(model: str, results: dict) -> None:
+    """Delete the stand-in's variants no recorded step still needs: a backend's files once all its steps are
+    recorded (quantised GGUFs are made from the f32 one, int8 ONNX from the fp32 export), everything once all are."""
+    from fastscore.resolve import model_source
+
+    folder = artefact_cache.home() / model_source(model).key
+    done = set(results["steps"])
+    if done >= set(step_names()):
+        shutil.rmtree(folder, ignore_errors=True)
+        log.info("pruned every cached artefact of %s", model)
+        return
+    for kind, backend in (("gguf", "llamacpp"), ("onnx", "onnx")):
+        needed = [s for s in step_names() if f"-{kind}-" in s or f"-{backend}-" in s]
+        if done >= set(needed):
+            for variant in CONVERSIONS:
+                if variant.startswith(f"{kind}-"):
+                    shutil.rmtree(folder / variant, ignore_errors=True)
+            log.info("pruned the %s artefacts of %s", kind, model)
 
 
 def run_scale(opts: ScaleOptions) -> list[dict]:
