@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from fastscore.bench.scale import step_name
 from fastscore.conversion import standin
 from fastscore.errors import DataError
 
@@ -66,8 +67,8 @@ def count_sources(data_dir: Path, envs: Sequence[str]) -> dict[str, int]:
 
 def rates(results: dict, backend: str, quant: str) -> dict[str, float] | None:
     """Measured tok/s of one model and type: scoring (computed), pp512, unique, and greedy with prefill."""
-    score = results["steps"].get(f"score-{backend}-{quant}", {})
-    greedy = results["steps"].get(f"greedy-{backend}-{quant}", {})
+    score = results["steps"].get(step_name("score", backend, quant), {})
+    greedy = results["steps"].get(step_name("greedy", backend, quant), {})
     if "shared" not in score:
         return None
     shared = score["shared"]
@@ -138,13 +139,13 @@ def conversion_rows(all_results: Sequence[dict]) -> list[str]:
 
 
 def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]) -> list[str]:
-    lines = ["| model | type | pp512 tok/s | shared scoring: unique tok/s (computed) | greedy ×32 decode tok/s "
+    lines = ["| model | type | pp512 tok/s | shared scoring: unique tok/s (computed) | batched greedy decode tok/s "
              "(with prefill) | peak RSS scoring / greedy GB |", "|---|---|---|---|---|---|"]
     for res in all_results:
         for backend, quant in configs:
             r = rates(res, backend, quant)
             if r is None:
-                step = res["steps"].get(f"score-{backend}-{quant}", {})
+                step = res["steps"].get(step_name("score", backend, quant), {})
                 why = "failed" if "error" in step else "not measured"
                 lines.append(f"| {res['label']} | {backend} {quant} | {why} | | | |")
                 continue

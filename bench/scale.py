@@ -8,7 +8,7 @@ waited for, e.g. llama.cpp's converter) are its own:
 - conversion: the fp32 HF folder (for a stand-in: building it), GGUF f32 f16 q8_0 q4_k_m, ONNX fp32 int8, each read
   back and checked by the pipeline (forced, so it is timed; a recorded step is never redone);
 - scoring per backend/type: pp512 and shared scoring of the bench workload (unique and computed tok/s), peak RSS;
-- greedy decoding per type: B contexts in one batch (decode-phase tok/s).
+- greedy decoding per type: B contexts in one batch (decode-phase tok/s, and with the contexts' prefill).
 
 Results go to OUT/<model>.json after every step (atomically), with the load average before and after each step, so
 an interrupted run continues where it stopped and a rerun measures only what is missing.
@@ -31,6 +31,7 @@ from tqdm import tqdm
 from fastscore import cache as artefact_cache
 from fastscore.conversion import standin
 from fastscore.errors import BenchmarkError
+from fastscore.variants import variant_name
 
 log = logging.getLogger(__name__)
 
@@ -51,23 +52,30 @@ class ScaleOptions:
     threads: int = field(default_factory=lambda: os.cpu_count() or 1)
     repeats: int = 2
     pp_tokens: int = 512
-    greedy_batch: int = 32
+    greedy_batch: int = 8
     new_tokens: int = 32
     skip: tuple[str, ...] = ()  # steps to leave out this time, e.g. "onnx-int8", "score", "greedy-onnx-int8"
     prune: bool = False  # delete a stand-in's cached artefacts once the recorded steps no longer need them (disk)
     seed: int = 0
 
 
+def step_name(kind: str, backend: str, quant: str) -> str:
+    """e.g. "score-gguf-q8_0": the kind of step, then the variant's cache folder name."""
+    return f"{kind}-{variant_name(backend, quant)}"
+
+
 def step_names() -> list[str]:
     names = [f"convert-{v}" for v in CONVERSIONS]
-    names += [f"score-{b}-{q}" for b, q in SCORING]
-    names += [f"greedy-{b}-{q}" for b, q in SCORING]
+    names += [step_name("score", b, q) for b, q in SCORING]
+    names += [step_name("greedy", b, q) for b, q in SCORING]
     return names
 
 
 def _skipped(step: str, skip: Sequence[str]) -> bool:
-    """`skip` names steps ("score-onnx-int8"), kinds ("score", "greedy", "convert") or variants ("onnx-int8")."""
-    return any(step == s or step.startswith(f"{s}-") or step.endswith(f"-{s}") for s in skip)
+    """`skip` names steps ("score-onnx-int8"), kinds ("score"), variants ("gguf-f16") or formats ("onnx")."""
+    parts = step.split("-")
+    return any(s in ("-".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1))
+               for s in skip)
 
 
 def results_path(out_dir: Path, model: str) -> Path:
@@ -93,7 +101,7 @@ def _spec(step: str, model: str, opts: ScaleOptions, workload: Path) -> dict:
     common = {"model": model, "threads": opts.threads, "repeats": opts.repeats, "workload": str(workload)}
     if kind == "convert":
         return {**common, "task": "convert", "variant": rest, "force": True}
-    backend, _, quant = rest.partition("-")
+    backend, quant = next((b, q) for b, q in SCORING if variant_name(b, q) == rest)
     if kind == "score":
         return {**common, "task": "backend", "backend": backend, "quant": quant, "pp_tokens": opts.pp_tokens,
                 "per_request_repeats": 1, "per_request_limit": 1}
@@ -160,8 +168,8 @@ def _prune(model: str, results: dict) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         log.info("pruned every cached artefact of %s", model)
         return
-    for kind, backend in (("gguf", "llamacpp"), ("onnx", "onnx")):
-        needed = [s for s in step_names() if f"-{kind}-" in s or f"-{backend}-" in s]
+    for kind in ("gguf", "onnx"):
+        needed = [s for s in step_names() if f"-{kind}-" in s]
         if done >= set(needed):
             for variant in CONVERSIONS:
                 if variant.startswith(f"{kind}-"):

@@ -342,7 +342,12 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
 @click.option("--limit", default=1, show_default=True, type=click.IntRange(min=1), help="Workload items per environment.")
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
 @click.option("--repeats", default=2, show_default=True, type=click.IntRange(min=1), help="Timed runs (median).")
-@click.option("--skip", default="", help="Steps or types to leave out, e.g. onnx-int8 (recorded as skipped).")
+@click.option("--greedy-batch", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Contexts decoded side by side in the greedy step.")
+@click.option("--new-tokens", default=32, show_default=True, type=click.IntRange(min=1))
+@click.option("--skip", default="",
+              help="Steps to leave out this time (not recorded): kinds (score, greedy, convert), variants (gguf-f16), "
+                   "formats (onnx) or step names (score-onnx-int8).")
 @click.option("--prune", is_flag=True, help="Delete each stand-in's cached artefacts once it is measured (disk).")
 @click.option("--study", "studies", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A study run's failure-source folder (report.md, summary.json) to project the full grid from; "
@@ -350,7 +355,8 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
 @click.option("--table-out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the markdown tables to this file.")
 @_friendly
-def bench_scale(models, data, out, limit, threads, repeats, skip, prune, studies, table_out) -> None:
+def bench_scale(models, data, out, limit, threads, repeats, greedy_batch, new_tokens, skip, prune, studies,
+                table_out) -> None:
     """Convert and measure each registry model at real size (stand-ins where the weights are not here)."""
     import os
 
@@ -363,8 +369,8 @@ def bench_scale(models, data, out, limit, threads, repeats, skip, prune, studies
     for model in chosen:
         model_source(model)  # an unknown name stops here, before anything runs
     opts = ScaleOptions(out_dir=out, data_dir=data, models=chosen, items_per_env=limit,
-                        threads=threads or os.cpu_count() or 1, repeats=repeats, skip=_bench_list(skip) or (),
-                        prune=prune)
+                        threads=threads or os.cpu_count() or 1, repeats=repeats, greedy_batch=greedy_batch,
+                        new_tokens=new_tokens, skip=_bench_list(skip) or (), prune=prune)
     results = run_scale(opts)
     works = [projection.study_work(folder) for folder in studies]
     sources = projection.count_sources(data, sorted({e for w in works for e in w["items"]})) if works else None

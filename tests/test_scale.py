@@ -103,7 +103,7 @@ def test_bench_scale_records_each_step_once_with_its_memory(tiny_model, study_da
     from fastscore.bench.scale import SCORING, ScaleOptions, load_results, run_scale, step_names
 
     model = str(tiny_model("llama"))
-    keep = ("convert-gguf-f32", "score-llamacpp-f32", "greedy-llamacpp-f32")
+    keep = ("convert-gguf-f32", "score-gguf-f32", "greedy-gguf-f32")
     opts = ScaleOptions(out_dir=tmp_path, data_dir=study_data, models=(model,), threads=1, repeats=1,
                         greedy_batch=2, new_tokens=4, skip=tuple(s for s in step_names() if s not in keep))
     run_scale(opts)
