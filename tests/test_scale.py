@@ -138,3 +138,46 @@ def test_projection_reads_the_study_stage_table_as_the_study_writes_it(tmp_path)
     rate = {"score_computed": 40.0, "greedy_with_prefill": 20.0}
     assert projection.full_scale(work, {"tools": 100}) == 5.0
     assert np.isclose(projection.project_seconds(work, rate, 5.0), 5 * (4000 / 40 + 1000 / 20))
+
+
+@pytest.fixture(scope="module")
+def tiny_standin(smollm_tokenizer_dir, tmp_path_factory) -> Path:
+    """A two-layer Qwen2 stand-in whose vocabulary (50,000) is larger than its tokenizer's, as every real one's is."""
+    return standin.build_standin(_tiny_entry(), tmp_path_factory.mktemp("standin") / "tiny-qwen2-standin",
+                                 smollm_tokenizer_dir, seed=0)
+
+
+def test_a_vocabulary_larger_than_the_tokenizer_converts_to_gguf(tiny_standin):
+    from fastscore.conversion.checks import CheckReport
+    from fastscore.conversion.gguf_tokenizer import read_vocab
+    from fastscore.resolve import resolve
+
+    artefact = resolve(str(tiny_standin), "llamacpp", "f32", progress=False)
+    assert len(read_vocab(artefact.path).tokens) == 50_000  # padded by the converter: the lm_head keeps its rows
+    assert CheckReport.load(artefact.path.parent).passed
+
+
+def test_onnx_export_and_int8_through_the_external_data_path(tiny_standin, tmp_path, monkeypatch):
+    # Past 2 GB (Qwen3-0.6B and up) optimum writes the weights to model.onnx_data; forced here on a tiny model.
+    from fastscore.conversion import hf_to_onnx
+    from fastscore.conversion.checks import onnx_structure
+
+    monkeypatch.setenv("FORCE_ONNX_EXTERNAL_DATA", "1")
+    fp32 = hf_to_onnx.export_onnx(tiny_standin, tmp_path / "fp32", "fp32")
+    assert (fp32 / "model.onnx_data").stat().st_size > (fp32 / "model.onnx").stat().st_size
+    assert "FLOAT" in onnx_structure(fp32, "fp32")
+    monkeypatch.setattr(hf_to_onnx, "_PROTOBUF_LIMIT", 0)  # the int8 graph of the 1B+ models is past 2 GB too
+    int8 = hf_to_onnx.export_onnx(tiny_standin, tmp_path / "int8", "int8", fp32_dir=fp32)
+    assert (int8 / "model.onnx_data").is_file() and "INT8" in onnx_structure(int8, "int8")
+
+
+@pytest.mark.slow
+def test_real_size_standin_past_2gb_converts_and_checks():
+    # Qwen3-0.6B's fp32 weights (2.4 GB) pass the protobuf limit: the real external-data path, end to end.
+    from fastscore.conversion.pipeline import convert
+
+    results = convert("qwen3-0.6b@standin", gguf=["q8_0"], onnx=["fp32", "int8"], progress=False)
+    assert all(r.check is None or r.check.passed for r in results)
+    onnx_fp32 = next(r.path for r in results if r.variant == "onnx-fp32")
+    assert (onnx_fp32 / "model.onnx_data").stat().st_size > 2e9
+    assert standin.MARK in (onnx_fp32 / "config.json").read_text()
