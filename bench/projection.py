@@ -157,9 +157,13 @@ def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]
 
 
 def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int],
-                    fast_candidates: Sequence[tuple[str, str]]) -> list[str]:
-    lines = ["| model | type | " + " | ".join(f"{w['failures']} h" for w in works) + " | grid h (2 cores) | "
-             "worker-hours, 1 worker = these 2 cores |", "|---|---|" + "---|" * (len(works) + 2)]
+                    fast_candidates: Sequence[tuple[str, str]], threads: int, cores: int) -> list[str]:
+    """Hours of the full grid per model and type: worker-hours at the measured `threads` per worker, and this
+    machine's wall hours with cores // threads such workers side by side (the sweep's --workers/--threads)."""
+    workers = max(1, cores // threads)
+    lines = ["| model | type | " + " | ".join(f"{w['failures']}: worker-h" for w in works)
+             + f" | grid: worker-hours ({threads} thread{'s' if threads > 1 else ''} per worker) | "
+             f"grid on this machine: hours ({workers} workers) |", "|---|---|" + "---|" * (len(works) + 2)]
     for res in all_results:
         fast = fastest_type(res, fast_candidates)
         for backend, quant in dict.fromkeys([("llamacpp", "f32"), *([fast] if fast else [])]):
@@ -171,7 +175,7 @@ def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources:
             tag = "exact default" if (backend, quant) == ("llamacpp", "f32") else "fastest measured"
             lines.append(f"| {res['label']} | {backend} {quant} ({tag}) | "
                          + " | ".join(_f(h / 3600 if h is not None else None, 1) for h in hours)
-                         + f" | {_f(total, 1)} | {_f(total, 1)} |")
+                         + f" | {_f(total, 1)} | {_f(None if total is None else total / workers, 1)} |")
     return lines
 
 
@@ -195,7 +199,7 @@ def label(model: str) -> str:
 
 
 def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int] | None,
-           configs: Sequence[tuple[str, str]]) -> str:
+           configs: Sequence[tuple[str, str]], threads: int = 1, cores: int = 2) -> str:
     """The markdown tables: conversions, scoring rates, and (given study runs) the projected grid."""
     out = ["Conversion (each step in its own process, read-back check included): wall seconds / peak RSS GB / "
            "size on disk GB", "", *conversion_rows(all_results), "",
@@ -208,7 +212,7 @@ def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str
     if works and sources:
         out += ["", f"Projected full grid (sources in the data: {', '.join(f'{k} {v}' for k, v in sources.items())}; "
                 "each failure source's stage tokens per examined source from the study run, at the measured rates)",
-                "", *projection_rows(all_results, works, sources, configs)]
+                "", *projection_rows(all_results, works, sources, configs, threads, cores)]
         real = next((r for r in all_results if not r["standin"]), None)
         if real is not None:
             out += ["", *calibration(works, real)]

@@ -109,6 +109,16 @@ def _spec(step: str, model: str, opts: ScaleOptions, workload: Path) -> dict:
             "new_tokens": opts.new_tokens, "repeats": 1, "sequential": False}
 
 
+def _converted(model: str, step: str) -> bool:
+    """Whether a scoring step's artefacts are all built: a measurement never includes a conversion."""
+    from fastscore.conversion.pipeline import missing_variants
+    from fastscore.resolve import model_source
+
+    variant = step.partition("-")[2]
+    backend, quant = next((b, q) for b, q in SCORING if variant_name(b, q) == variant)
+    return not missing_variants(model_source(model), backend, quant)
+
+
 def artefact_sizes(model: str) -> dict[str, int]:
     """Bytes on disk of each cached variant of `model`."""
     from fastscore.resolve import model_source
@@ -133,6 +143,9 @@ def run_model(model: str, opts: ScaleOptions, workload: Path, scratch: Path,
         if step in results["steps"]:
             continue
         if _skipped(step, opts.skip):  # not recorded: a later run without --skip measures it
+            continue
+        if not step.startswith("convert-") and not _converted(model, step):
+            log.info("%s %s: not converted yet (its convert step comes first); left for a later run", model, step)
             continue
         load_before = [round(x, 2) for x in os.getloadavg()]
         started = time.perf_counter()

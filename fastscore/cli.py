@@ -374,7 +374,7 @@ def bench_scale(models, data, out, limit, threads, repeats, greedy_batch, new_to
     results = run_scale(opts)
     works = [projection.study_work(folder) for folder in studies]
     sources = projection.count_sources(data, sorted({e for w in works for e in w["items"]})) if works else None
-    text = projection.render(results, works, sources, SCORING)
+    text = projection.render(results, works, sources, SCORING, opts.threads, os.cpu_count() or 1)
     click.echo(text)
     if table_out is not None:
         outputs.write_text_atomic(table_out, text + "\n")
