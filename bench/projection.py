@@ -122,19 +122,21 @@ def _f(x: float | None, digits: int = 0) -> str:
 
 
 def conversion_rows(all_results: Sequence[dict]) -> list[str]:
-    head = "| model | " + " | ".join(f"{label} s / peak GB / size GB" for label in CONVERSION_LABELS.values()) + " |"
-    lines = [head, "|" + "---|" * (len(CONVERSION_LABELS) + 1)]
+    lines = ["| model | variant | wall s | CPU s | peak RSS GB | size GB | read-back check |", "|---|---|---|---|---|---|---|"]
     for res in all_results:
-        cells = []
-        for variant in CONVERSION_LABELS:
-            step = res["steps"].get(f"convert-{variant}", {})
+        for variant, name in CONVERSION_LABELS.items():
+            step = res["steps"].get(f"convert-{variant}")
+            if not step:
+                continue
             if "error" in step:
-                cells.append("failed")
-            elif step:
-                cells.append(f"{step['wall_seconds']:.0f} / {_gb(step.get('max_rss_bytes'))} / {_gb(step.get('bytes'))}")
-            else:
-                cells.append("–")
-        lines.append(f"| {res['label']} | " + " | ".join(cells) + " |")
+                lines.append(f"| {res['label']} | {name} | failed: {step['error'][:200]} | | | | |")
+                continue
+            check = step.get("check") or ""
+            verdict = ("PASS" if step.get("check_passed") else "FAIL") + check[check.find(": max|d|"):check.find(" nats")] \
+                if check else "structure only (the stand-in is its own reference)"
+            verdict = verdict.replace("|", "\\|")  # "max|d|" inside a markdown cell
+            lines.append(f"| {res['label']} | {name} | {step['wall_seconds']:.0f} | {step.get('cpu_seconds', 0):.0f} | "
+                         f"{_gb(step.get('max_rss_bytes'))} | {_gb(step.get('bytes'))} | {verdict} |")
     return lines
 
 
@@ -179,8 +181,9 @@ def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources:
     return lines
 
 
-def calibration(works: Sequence[dict], results_135m: dict) -> list[str]:
-    """The 135M row checked against the study it came from: projected vs measured seconds of the same run."""
+def calibration(works: Sequence[dict], results_135m: dict, workers: int) -> list[str]:
+    """The 135M row checked against the study it came from: its projected seconds (at the measured rates, `workers`
+    side by side) vs the seconds the study measured for its scoring and decoding stages."""
     lines = []
     for w in works:
         r = rates(results_135m, "llamacpp", w.get("quant") or "f32")
@@ -189,8 +192,10 @@ def calibration(works: Sequence[dict], results_135m: dict) -> list[str]:
         projected = project_seconds(w, r, 1.0)
         measured = sum(s for stage, (s, _) in w["stages"].items() if stage in SCORE_STAGES + DECODE_STAGES)
         if projected:
-            lines.append(f"{w['failures']}: projected {projected:.0f} s vs measured {measured:.0f} s "
-                         f"(scoring + decoding stages; measured / projected = {measured / projected:.2f})")
+            projected /= workers
+            lines.append(f"Check on the 135M, {w['failures']} failures: projected {projected:.0f} s vs measured "
+                         f"{measured:.0f} s for the same run's scoring and decoding stages (measured / projected "
+                         f"{measured / projected:.2f}).")
     return lines
 
 
@@ -201,8 +206,8 @@ def label(model: str) -> str:
 def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int] | None,
            configs: Sequence[tuple[str, str]], threads: int = 1, cores: int = 2) -> str:
     """The markdown tables: conversions, scoring rates, and (given study runs) the projected grid."""
-    out = ["Conversion (each step in its own process, read-back check included): wall seconds / peak RSS GB / "
-           "size on disk GB", "", *conversion_rows(all_results), "",
+    out = ["Conversion (each step in its own process, its read-back check included; CPU s: user + system of the step "
+           "and its subprocesses)", "", *conversion_rows(all_results), "",
            "Scoring and decoding (bench workload; medians of the timed runs)", "", *scoring_rows(all_results, configs)]
     loads = sorted({tuple(s.get("load_average_before", ())) for r in all_results for s in r["steps"].values()
                     if s.get("load_average_before")})
@@ -215,5 +220,5 @@ def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str
                 "", *projection_rows(all_results, works, sources, configs, threads, cores)]
         real = next((r for r in all_results if not r["standin"]), None)
         if real is not None:
-            out += ["", *calibration(works, real)]
+            out += ["", *calibration(works, real, max(1, cores // threads))]
     return "\n".join(out)
