@@ -166,13 +166,14 @@ def run_model(model: str, opts: ScaleOptions, workload: Path, scratch: Path,
     results["artefact_bytes"] = {**results.get("artefact_bytes", {}), **artefact_sizes(model)}
     _save(opts.out_dir, results)
     if opts.prune and standin.is_standin(model):
-        _prune(model, results)
+        _prune(model, results, opts.skip)
     return results
 
 
-def _prune(model: str, results: dict) -> None:
-    """Delete the stand-in's variants no recorded step still needs: a backend's files once all its steps are
-    recorded (quantised GGUFs are made from the f32 one, int8 ONNX from the fp32 export), everything once all are."""
+def _prune(model: str, results: dict, skip: Sequence[str]) -> None:
+    """Delete the stand-in's variants no step of this run still needs: a format's files once all its steps not
+    skipped are recorded (quantised GGUFs are made from the f32 one, int8 ONNX from the fp32 export), everything
+    once every step is."""
     from fastscore.resolve import model_source
 
     folder = artefact_cache.home() / model_source(model).key
@@ -182,7 +183,7 @@ def _prune(model: str, results: dict) -> None:
         log.info("pruned every cached artefact of %s", model)
         return
     for kind in ("gguf", "onnx"):
-        needed = [s for s in step_names() if f"-{kind}-" in s]
+        needed = [s for s in step_names() if f"-{kind}-" in s and not _skipped(s, skip)]
         if done >= set(needed):
             for variant in CONVERSIONS:
                 if variant.startswith(f"{kind}-"):
