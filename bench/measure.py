@@ -108,6 +108,28 @@ def measure_backend(scorer, workload: Workload, repeats: int, pp_tokens: int = 5
     }
 
 
+def measure_rates(scorer, workload: Workload, repeats: int, pp_tokens: int = 512) -> dict:
+    """Shared scoring of every request in one call and raw prefill: the two rates `bench-scale` projects from,
+    with short warm-ups (one request; a 32-token prefill) so a large model spends its time on the timed runs."""
+    backend = scorer.backend
+    requests = token_requests(scorer, workload)
+    shared_s, shared_runs, _ = timed(_run_counted(backend, lambda: backend.score_tokens(requests)), repeats,
+                                     warmup=lambda: backend.score_tokens(requests[:1]))
+    shared_stats = _stats(backend)
+    pp = prefill_request(requests, pp_tokens)
+    pp_s, pp_runs, _ = timed(_run_counted(backend, lambda: backend.score_tokens([pp])), repeats,
+                             warmup=lambda: backend.score_tokens([prefill_request(requests, 32)]))
+    return {
+        "digest": requests_digest(requests),
+        "n_requests": len(requests),
+        "requested_tokens": int(sum(len(r.tokens) for r in requests)),
+        "trie_minimal_tokens": int(distinct_prefix_positions([r.tokens for r in requests]).size),
+        "scored_tokens": int(sum(r.n_scored for r in requests)),
+        "shared": {"seconds": shared_s, "runs": shared_runs, "stats": shared_stats},
+        "prefill": {"tokens": pp_tokens, "seconds": pp_s, "runs": pp_runs, "stats": _stats(backend)},
+    }
+
+
 E2E_MODES = ("shared", "one_request_per_call", "prefix_kv")
 
 

@@ -103,8 +103,7 @@ def _spec(step: str, model: str, opts: ScaleOptions, workload: Path) -> dict:
         return {**common, "task": "convert", "variant": rest, "force": True}
     backend, quant = next((b, q) for b, q in SCORING if variant_name(b, q) == rest)
     if kind == "score":
-        return {**common, "task": "backend", "backend": backend, "quant": quant, "pp_tokens": opts.pp_tokens,
-                "per_request_repeats": 1, "per_request_limit": 1}
+        return {**common, "task": "rates", "backend": backend, "quant": quant, "pp_tokens": opts.pp_tokens}
     return {**common, "task": "greedy", "backend": backend, "quant": quant, "batch_sizes": [opts.greedy_batch],
             "new_tokens": opts.new_tokens, "repeats": 1, "sequential": False}
 

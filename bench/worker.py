@@ -42,6 +42,8 @@ def run_spec(spec: dict) -> dict:
         if task == "backend":
             return measure.measure_backend(scorer, workload, spec["repeats"], spec.get("pp_tokens", 512),
                                            spec.get("per_request_repeats", 1), spec.get("per_request_limit"))
+        if task == "rates":
+            return measure.measure_rates(scorer, workload, spec["repeats"], spec.get("pp_tokens", 512))
         if task == "e2e":
             return measure.measure_end_to_end(scorer, workload, spec["repeats"], spec["mode"])
         if task == "greedy":
