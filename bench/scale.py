@@ -16,6 +16,7 @@ an interrupted run continues where it stopped and a rerun measures only what is 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -89,11 +90,18 @@ def load_results(out_dir: Path, model: str) -> dict:
     return {"model": model, "label": standin.label(model), "standin": standin.is_standin(model), "steps": {}}
 
 
-def _save(out_dir: Path, results: dict) -> None:
-    path = results_path(out_dir, results["model"])
-    tmp = path.with_suffix(".json.part")
-    tmp.write_text(json.dumps(results, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
+def _record(out_dir: Path, model: str, update: Callable[[dict], None]) -> dict:
+    """Apply `update` to the model's results file as it is now and save it, under a lock: two runs (say one
+    converting, one measuring) may record steps of the same model side by side without losing each other's."""
+    path = results_path(out_dir, model)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results = load_results(out_dir, model)
+        update(results)
+        tmp = path.with_suffix(".json.part")
+        tmp.write_text(json.dumps(results, indent=2), encoding="utf-8")
+        os.replace(tmp, path)
+    return results
 
 
 def _spec(step: str, model: str, opts: ScaleOptions, workload: Path) -> dict:
@@ -136,10 +144,9 @@ def run_model(model: str, opts: ScaleOptions, workload: Path, scratch: Path,
     """Every step of `model` not yet recorded in its results file; the results dict as saved."""
     from fastscore.bench.run import spawn
 
-    results = load_results(opts.out_dir, model)
     for step in step_names():
         on_step(step)
-        if step in results["steps"]:
+        if step in load_results(opts.out_dir, model)["steps"]:
             continue
         if _skipped(step, opts.skip):  # not recorded: a later run without --skip measures it
             continue
@@ -160,10 +167,9 @@ def run_model(model: str, opts: ScaleOptions, workload: Path, scratch: Path,
         figures["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if step.startswith("convert-") and "error" not in figures:
             figures["bytes"] = artefact_sizes(model).get(step.removeprefix("convert-"))
-        results["steps"][step] = figures
-        _save(opts.out_dir, results)
-    results["artefact_bytes"] = {**results.get("artefact_bytes", {}), **artefact_sizes(model)}
-    _save(opts.out_dir, results)
+        _record(opts.out_dir, model, lambda results: results["steps"].__setitem__(step, figures))
+    sizes = artefact_sizes(model)
+    results = _record(opts.out_dir, model, lambda results: results.setdefault("artefact_bytes", {}).update(sizes))
     if opts.prune and standin.is_standin(model):
         _prune(model, results, opts.skip)
     return results

@@ -110,20 +110,24 @@ def build_standin(entry: ModelEntry, out_dir: Path, tokenizer_dir: Path, seed: i
     config = hf_config(entry, eos_id, pad_id)
     config.fastscore_standin = MARK  # in config.json: whatever reads the folder sees what it is
     shapes = parameter_shapes(config)
-    shards, current, current_bytes = [], {}, 0
+    # Only the names of written shards are kept: holding their tensors would put the whole model in memory.
+    shard_names: list[list[str]] = []
+    current, current_bytes = {}, 0
     for name, shape in shapes.items():
         tensor = _init_tensor(torch, name, shape, seed)
         if current and current_bytes + tensor.numel() * 4 > shard_bytes:
-            shards.append(current)
-            _write_shard(safetensors_torch, out_dir, current, len(shards))
+            shard_names.append(list(current))
+            _write_shard(safetensors_torch, out_dir, current, len(shard_names))
             current, current_bytes = {}, 0
         current[name] = tensor
         current_bytes += tensor.numel() * 4
-    shards.append(current)
-    _write_shard(safetensors_torch, out_dir, current, len(shards))
-    files = _name_shards(out_dir, len(shards))
+        del tensor
+    shard_names.append(list(current))
+    _write_shard(safetensors_torch, out_dir, current, len(shard_names))
+    del current
+    files = _name_shards(out_dir, len(shard_names))
     if len(files) > 1:
-        weight_map = {name: files[i] for i, shard in enumerate(shards) for name in shard}
+        weight_map = {name: files[i] for i, names in enumerate(shard_names) for name in names}
         total = sum(4 * _numel(shape) for shape in shapes.values())
         (out_dir / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))

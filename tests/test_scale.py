@@ -181,3 +181,23 @@ def test_real_size_standin_past_2gb_converts_and_checks():
     onnx_fp32 = next(r.path for r in results if r.variant == "onnx-fp32")
     assert (onnx_fp32 / "model.onnx_data").stat().st_size > 2e9
     assert standin.MARK in (onnx_fp32 / "config.json").read_text()
+
+
+def test_standin_builder_frees_each_shard_once_written(smollm_tokenizer_dir, tmp_path, monkeypatch):
+    # A 1.7B stand-in is 6.8 GB of fp32: a written shard's tensors must be gone before the next shard fills up.
+    import gc
+    import weakref
+
+    written: list[list[weakref.ref]] = []
+    write = standin._write_shard
+
+    def write_and_watch(safetensors_torch, out_dir, tensors, index):
+        gc.collect()
+        alive = [ref for refs in written for ref in refs if ref() is not None]
+        assert not alive, f"{len(alive)} tensors of earlier shards still in memory while writing shard {index}"
+        write(safetensors_torch, out_dir, tensors, index)
+        written.append([weakref.ref(t) for t in tensors.values()])
+
+    monkeypatch.setattr(standin, "_write_shard", write_and_watch)
+    standin.build_standin(_tiny_entry(), tmp_path / "s", smollm_tokenizer_dir, seed=0, shard_bytes=4_000_000)
+    assert len(written) > 2
