@@ -148,9 +148,9 @@ def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]
             r = rates(res, backend, quant)
             if r is None:
                 step = res["steps"].get(step_name("score", backend, quant), {})
-                why = "failed" if "error" in step else "not measured"
-                lines.append(f"| {res['label']} | {backend} {quant} | {why} | | | |")
-                continue
+                if "error" in step:
+                    lines.append(f"| {res['label']} | {backend} {quant} | failed: {step['error'][:160]} | | | |")
+                continue  # not measured: no row (the conversion table shows what exists)
             greedy = (f"{_f(r.get('greedy_decode'), 1)} ({_f(r.get('greedy_with_prefill'), 1)})"
                       if "greedy_decode" in r else "–")
             lines.append(f"| {res['label']} | {backend} {quant} | {_f(r['pp'], 1)} | {_f(r['unique'], 1)} "

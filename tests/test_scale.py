@@ -122,7 +122,7 @@ def test_bench_scale_records_each_step_once_with_its_memory(tiny_model, study_da
     run_scale(opts)
     assert {name: load_results(tmp_path, model)["steps"][name]["measured_at"] for name in keep} == stamps
     table = projection.render([results], [], None, SCORING)
-    assert "llamacpp f32" in table and "not measured" in table
+    assert "| llamacpp f32 |" in table and "llamacpp q8_0" not in table  # only what was measured has a row
 
 
 def test_projection_reads_the_study_stage_table_as_the_study_writes_it(tmp_path):
@@ -162,11 +162,17 @@ def test_onnx_export_and_int8_through_the_external_data_path(tiny_standin, tmp_p
     from fastscore.conversion import hf_to_onnx
     from fastscore.conversion.checks import onnx_structure
 
+    # Past the limit optimum's post-processing (tied-weight deduplication) fails, so it is skipped there: the limit
+    # is lowered so this tiny model takes the path a 2.4 GB one does (no post-processing, external data).
+    import onnx
+
     monkeypatch.setenv("FORCE_ONNX_EXTERNAL_DATA", "1")
+    monkeypatch.setattr(hf_to_onnx, "_PROTOBUF_LIMIT", 0)
     fp32 = hf_to_onnx.export_onnx(tiny_standin, tmp_path / "fp32", "fp32")
     assert (fp32 / "model.onnx_data").stat().st_size > (fp32 / "model.onnx").stat().st_size
     assert "FLOAT" in onnx_structure(fp32, "fp32")
-    monkeypatch.setattr(hf_to_onnx, "_PROTOBUF_LIMIT", 0)  # the int8 graph of the 1B+ models is past 2 GB too
+    graph = onnx.load(str(fp32 / "model.onnx"), load_external_data=False).graph
+    assert hf_to_onnx.LOGITS_START in {i.name for i in graph.input}  # the lm-head slice found its MatMul
     int8 = hf_to_onnx.export_onnx(tiny_standin, tmp_path / "int8", "int8", fp32_dir=fp32)
     assert (int8 / "model.onnx_data").is_file() and "INT8" in onnx_structure(int8, "int8")
 
