@@ -205,5 +205,5 @@ def test_standin_builder_frees_each_shard_once_written(smollm_tokenizer_dir, tmp
         written.append([weakref.ref(t) for t in tensors.values()])
 
     monkeypatch.setattr(standin, "_write_shard", write_and_watch)
-    standin.build_standin(_tiny_entry(), tmp_path / "s", smollm_tokenizer_dir, seed=0, shard_bytes=4_000_000)
+    standin.build_standin(_tiny_entry(), tmp_path / "s", smollm_tokenizer_dir, seed=0, shard_bytes=100_000)
     assert len(written) > 2
