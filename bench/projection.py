@@ -159,13 +159,16 @@ def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]
 
 
 def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int],
-                    fast_candidates: Sequence[tuple[str, str]], threads: int, cores: int) -> list[str]:
+                    fast_candidates: Sequence[tuple[str, str]], threads: int, cores: int,
+                    factors: dict[str, float] | None = None) -> list[str]:
     """Hours of the full grid per model and type: worker-hours at the measured `threads` per worker, and this
     machine's wall hours with cores // threads such workers side by side (the sweep's --workers/--threads)."""
     workers = max(1, cores // threads)
     lines = ["| model | type | " + " | ".join(f"{w['failures']}: worker-h" for w in works)
              + f" | grid: worker-hours ({threads} thread{'s' if threads > 1 else ''} per worker) | "
-             f"grid on this machine: hours ({workers} workers) |", "|---|---|" + "---|" * (len(works) + 2)]
+             f"grid on this machine: hours ({workers} workers) | the same × the 135M's measured/projected |",
+             "|---|---|" + "---|" * (len(works) + 3)]
+    factors = factors or {}
     for res in all_results:
         fast = fastest_type(res, fast_candidates)
         for backend, quant in dict.fromkeys([("llamacpp", "f32"), *([fast] if fast else [])]):
@@ -175,10 +178,25 @@ def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources:
             hours = [project_seconds(w, r, full_scale(w, sources)) for w in works]
             total = None if None in hours else sum(hours) / 3600
             tag = "exact default" if (backend, quant) == ("llamacpp", "f32") else "fastest measured"
+            calibrated = None if None in hours or len(factors) < len(works) else \
+                sum(h * factors[w["failures"]] for h, w in zip(hours, works)) / 3600 / workers
             lines.append(f"| {res['label']} | {backend} {quant} ({tag}) | "
                          + " | ".join(_f(h / 3600 if h is not None else None, 1) for h in hours)
-                         + f" | {_f(total, 1)} | {_f(None if total is None else total / workers, 1)} |")
+                         + f" | {_f(total, 1)} | {_f(None if total is None else total / workers, 1)} | "
+                         f"{_f(calibrated, 1)} |")
     return lines
+
+
+def calibration_factors(works: Sequence[dict], results_135m: dict, workers: int) -> dict[str, float]:
+    """Per failure source: the study's measured seconds / the 135M's projected seconds of the same run."""
+    factors = {}
+    for w in works:
+        r = rates(results_135m, "llamacpp", w.get("quant") or "f32")
+        projected = project_seconds(w, r, 1.0) if r else None
+        if projected:
+            measured = sum(s for stage, (s, _) in w["stages"].items() if stage in SCORE_STAGES + DECODE_STAGES)
+            factors[w["failures"]] = measured / (projected / workers)
+    return factors
 
 
 def calibration(works: Sequence[dict], results_135m: dict, workers: int) -> list[str]:
@@ -216,9 +234,18 @@ def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str
         out += ["", f"Load average (1 min) before the steps: {min(one_minute):.2f}–{max(one_minute):.2f}."]
     if works and sources:
         out += ["", f"Projected full grid (sources in the data: {', '.join(f'{k} {v}' for k, v in sources.items())}; "
-                "each failure source's stage tokens per examined source from the study run, at the measured rates)",
-                "", *projection_rows(all_results, works, sources, configs, threads, cores)]
+                "each failure source's stage tokens per examined source from the study run, at the measured rates)"]
         real = next((r for r in all_results if not r["standin"]), None)
+        workers = max(1, cores // threads)
+        factors = calibration_factors(works, real, workers) if real is not None else {}
+        rows = projection_rows(all_results, works, sources, configs, threads, cores, factors)
+        out += ["", *rows]
+        exact = [r.split(" | ") for r in rows[2:] if "(exact default)" in r]
+        totals = [(float(c[-2]), float(c[-1].rstrip(" |"))) for c in exact if "–" not in (c[-2], c[-1].rstrip(" |"))]
+        if totals:
+            out += ["", f"Every model measured above at its exact default, one after another on this machine: "
+                    f"{sum(t[0] for t in totals):.0f} h projected, {sum(t[1] for t in totals):.0f} h scaled by "
+                    f"the 135M's measured/projected ({len(totals)} models)."]
         if real is not None:
-            out += ["", *calibration(works, real, max(1, cores // threads))]
+            out += ["", *calibration(works, real, workers)]
     return "\n".join(out)
