@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fastscore.bench.scale import step_name
-from fastscore.conversion import standin
 from fastscore.errors import DataError
 
 DECODE_STAGES = ("build items", "greedy decoding")
@@ -215,10 +214,6 @@ def calibration(works: Sequence[dict], results_135m: dict, workers: int) -> list
                          f"{measured:.0f} s for the same run's scoring and decoding stages (measured / projected "
                          f"{measured / projected:.2f}).")
     return lines
-
-
-def label(model: str) -> str:
-    return standin.label(model)
 
 
 def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int] | None,
