@@ -209,7 +209,7 @@ def _greedy(greedy: dict | None, quant: str | None, prefill_tokens_per_s: float 
         return None
     out: dict[str, Any] = {"backend": f"llamacpp:{quant}", "prefill_tokens_per_s": prefill_tokens_per_s}
     for b, g in greedy.items():
-        if b == "max_rss_bytes":
+        if not b.isdigit():  # the worker's own figures (max_rss_bytes, cpu_seconds), not a batch size
             continue
         out[b] = {"batched_tokens_per_s": g["batched"]["tokens_per_s"],
                   "sequential_tokens_per_s": g["sequential"]["tokens_per_s"],

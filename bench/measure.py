@@ -108,6 +108,28 @@ def measure_backend(scorer, workload: Workload, repeats: int, pp_tokens: int = 5
     }
 
 
+def measure_rates(scorer, workload: Workload, repeats: int, pp_tokens: int = 512) -> dict:
+    """Shared scoring of every request in one call and raw prefill: the two rates `bench-scale` projects from,
+    with short warm-ups (one request; a 32-token prefill) so a large model spends its time on the timed runs."""
+    backend = scorer.backend
+    requests = token_requests(scorer, workload)
+    shared_s, shared_runs, _ = timed(_run_counted(backend, lambda: backend.score_tokens(requests)), repeats,
+                                     warmup=lambda: backend.score_tokens(requests[:1]))
+    shared_stats = _stats(backend)
+    pp = prefill_request(requests, pp_tokens)
+    pp_s, pp_runs, _ = timed(_run_counted(backend, lambda: backend.score_tokens([pp])), repeats,
+                             warmup=lambda: backend.score_tokens([prefill_request(requests, 32)]))
+    return {
+        "digest": requests_digest(requests),
+        "n_requests": len(requests),
+        "requested_tokens": int(sum(len(r.tokens) for r in requests)),
+        "trie_minimal_tokens": int(distinct_prefix_positions([r.tokens for r in requests]).size),
+        "scored_tokens": int(sum(r.n_scored for r in requests)),
+        "shared": {"seconds": shared_s, "runs": shared_runs, "stats": shared_stats},
+        "prefill": {"tokens": pp_tokens, "seconds": pp_s, "runs": pp_runs, "stats": _stats(backend)},
+    }
+
+
 E2E_MODES = ("shared", "one_request_per_call", "prefix_kv")
 
 
@@ -155,8 +177,11 @@ def _decode(backend, contexts: Sequence[Sequence[int]], new_tokens: int) -> tupl
     return prefilled - started, done - prefilled
 
 
-def measure_greedy(scorer, workload: Workload, batch_sizes: Sequence[int], new_tokens: int, repeats: int) -> dict:
-    """Decode tokens/s with B contexts in one batch vs the same B contexts one at a time (fixed step count)."""
+def measure_greedy(scorer, workload: Workload, batch_sizes: Sequence[int], new_tokens: int, repeats: int,
+                   sequential: bool = True) -> dict:
+    """Decode tokens/s with B contexts in one batch vs the same B contexts one at a time (fixed step count).
+
+    `sequential` False skips the one-at-a-time runs (their figures are then absent)."""
     backend = scorer.backend
     distinct = [scorer.context_ids(m) for m in workload.contexts()]
     pool = [distinct[i % len(distinct)] for i in range(max(batch_sizes))]
@@ -168,18 +193,20 @@ def measure_greedy(scorer, workload: Workload, batch_sizes: Sequence[int], new_t
         def batched():
             return _decode(backend, contexts, new_tokens)
 
-        def sequential():
+        def one_at_a_time():
             parts = [_decode(backend, [c], new_tokens) for c in contexts]
             return tuple(map(sum, zip(*parts)))
 
         runs_b = [batched() for _ in range(repeats)]
-        runs_s = [sequential() for _ in range(repeats)]
-        dec_b, dec_s = median(r[1] for r in runs_b), median(r[1] for r in runs_s)
+        dec_b = median(r[1] for r in runs_b)
         out[str(b)] = {
             "contexts": b, "new_tokens": new_tokens,
             "batched": {"decode_seconds": dec_b, "prefill_seconds": median(r[0] for r in runs_b),
-                        "tokens_per_s": b * new_tokens / dec_b},
-            "sequential": {"decode_seconds": dec_s, "prefill_seconds": median(r[0] for r in runs_s),
-                           "tokens_per_s": b * new_tokens / dec_s},
+                        "prefill_tokens": sum(map(len, contexts)), "tokens_per_s": b * new_tokens / dec_b},
         }
+        if sequential:
+            runs_s = [one_at_a_time() for _ in range(repeats)]
+            dec_s = median(r[1] for r in runs_s)
+            out[str(b)]["sequential"] = {"decode_seconds": dec_s, "prefill_seconds": median(r[0] for r in runs_s),
+                                         "tokens_per_s": b * new_tokens / dec_s}
     return out

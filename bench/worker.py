@@ -2,9 +2,10 @@
 
     python -m fastscore.bench.worker SPEC.json OUT.json
 
-SPEC: {"task": "sgemm" | "backend" | "e2e" | "greedy", "model", "backend", "quant", "threads", "repeats",
-"workload": path, ...task options}. The parent sets the BLAS/OpenMP thread variables in this process's
-environment before numpy loads. OUT gets the task's figures plus "max_rss_bytes".
+SPEC: {"task": "sgemm" | "backend" | "e2e" | "greedy" | "convert", "model", "backend", "quant", "threads",
+"repeats", "workload": path, ...task options}. The parent sets the BLAS/OpenMP thread variables in this process's
+environment before numpy loads. OUT gets the task's figures plus "max_rss_bytes" (this process or any subprocess it
+waited for, e.g. llama.cpp's converter) and "cpu_seconds" (user + system, both).
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ from pathlib import Path
 
 def run_spec(spec: dict) -> dict:
     task = spec["task"]
+    if task == "convert":
+        from fastscore.conversion.pipeline import convert
+
+        kind, _, quant = spec["variant"].partition("-")
+        results = convert(spec["model"], gguf=[quant] if kind == "gguf" else [],
+                          onnx=[quant] if kind == "onnx" else [], progress=False, force=spec.get("force", False))
+        check = results[-1].check
+        return {"variant": spec["variant"], "status": results[-1].status, "path": str(results[-1].path),
+                "check": check.line() if check else None, "check_passed": check.passed if check else None}
     if task == "sgemm":
         from fastscore.bench.roofline import measure_sgemm
 
@@ -32,17 +42,25 @@ def run_spec(spec: dict) -> dict:
         if task == "backend":
             return measure.measure_backend(scorer, workload, spec["repeats"], spec.get("pp_tokens", 512),
                                            spec.get("per_request_repeats", 1), spec.get("per_request_limit"))
+        if task == "rates":
+            return measure.measure_rates(scorer, workload, spec["repeats"], spec.get("pp_tokens", 512))
         if task == "e2e":
             return measure.measure_end_to_end(scorer, workload, spec["repeats"], spec["mode"])
         if task == "greedy":
-            return measure.measure_greedy(scorer, workload, spec["batch_sizes"], spec["new_tokens"], spec["repeats"])
+            return measure.measure_greedy(scorer, workload, spec["batch_sizes"], spec["new_tokens"], spec["repeats"],
+                                          spec.get("sequential", True))
     raise ValueError(f"unknown benchmark task {task!r}")
 
 
 def max_rss_bytes() -> int:
     # Linux reports ru_maxrss in KiB (macOS in bytes).
     scale = 1 if sys.platform == "darwin" else 1024
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale)
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return int(max(own.ru_maxrss, children.ru_maxrss) * scale)
+
+
+def cpu_seconds() -> float:
+    return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)))
 
 
 def main(argv: list[str]) -> int:
@@ -59,6 +77,7 @@ def main(argv: list[str]) -> int:
         Path(argv[1]).write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), encoding="utf-8")
         return 1
     result["max_rss_bytes"] = max_rss_bytes()
+    result["cpu_seconds"] = cpu_seconds()
     Path(argv[1]).write_text(json.dumps(result), encoding="utf-8")
     return 0
 

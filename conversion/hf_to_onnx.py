@@ -79,11 +79,14 @@ def export_onnx(
 def _export_fp32(hf_dir: Path, out_dir: Path) -> None:
     require("onnxruntime", "onnx")
     main_export = require("optimum.exporters.onnx", "onnx", package="optimum-onnx").main_export
-    log.info("exporting %s with optimum (text-generation-with-past)", hf_dir)
+    # optimum's post-processing (deduplicating tied weights) fails on graphs past the protobuf limit (measured on
+    # the Qwen3-0.6B stand-in, 2.4 GB): large models are exported without it and keep the lm-head as its own copy.
+    large = _total_size(hf_dir) > _PROTOBUF_LIMIT
+    log.info("exporting %s with optimum (text-generation-with-past%s)", hf_dir, ", no post-processing" if large else "")
     try:
         main_export(
             str(hf_dir), str(out_dir), task="text-generation-with-past", device="cpu", dtype="fp32",
-            local_files_only=True, do_validation=False, library_name="transformers",
+            local_files_only=True, do_validation=False, library_name="transformers", no_post_process=large,
         )
     except Exception as exc:  # optimum raises bare ValueError/RuntimeError for unsupported architectures
         raise ConversionError(f"optimum could not export {hf_dir}: {exc}") from exc

@@ -153,7 +153,13 @@ def source_hf_dir(source: ModelSource) -> Path:
 
 def tokenizer_dir(source: ModelSource, stages: Stages) -> Path:
     def build(scratch: Path) -> None:
-        if source.embedded_gguf is not None:
+        if source.standin:
+            from fastscore.embedded import embedded_gguf
+            from fastscore.registry import default_model, get
+
+            folder = embedded_gguf(get(default_model()))
+            write_tokenizer_dir(folder, scratch)
+        elif source.embedded_gguf is not None:
             folder = source.embedded_gguf
             write_tokenizer_dir(source.embedded_gguf, scratch)
         else:
@@ -173,8 +179,14 @@ def tokenizer_dir(source: ModelSource, stages: Stages) -> Path:
 def hf_fp32_dir(source: ModelSource, stages: Stages) -> Path:
     tok = tokenizer_dir(source, stages)
 
-    def build(scratch: Path) -> checks.CheckReport:
+    def build(scratch: Path) -> checks.CheckReport | None:
         started = time.perf_counter()
+        if source.standin:
+            from fastscore.conversion.standin import build_standin
+
+            build_standin(source.entry, scratch, tok)
+            checks.hf_structure(scratch)  # the stand-in is its own reference: read back its dtypes only
+            return None
         if source.embedded_gguf is not None:
             from fastscore.conversion.gguf_to_hf import gguf_to_hf
 
@@ -284,6 +296,11 @@ def missing_variants(source: ModelSource, backend: str, quant: str) -> list[str]
 
 
 def weights_note(source: ModelSource, backend: str, quant: str) -> str:
+    if source.standin:
+        from fastscore.conversion.standin import MARK
+
+        return (f"{MARK} with the exact config of {source.entry.hub_id}, as {variant_name(backend, quant)}: "
+                "not the real checkpoint; its scores mean nothing (time and memory only)")
     if source.embedded_gguf is not None:
         shipped = source.entry.embedded.quant
         if backend == "llamacpp" and quant == shipped:

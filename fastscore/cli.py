@@ -234,9 +234,11 @@ def report_html(study_out, threads, rescore) -> None:
 @click.option("--n-boot", default=2000, show_default=True, type=click.IntRange(min=1), help="Bootstrap resamples.")
 @click.option("--sandbox", default="bwrap", show_default=True, type=click.Choice(["bwrap", "rlimits"]),
               help="How MBPP programs are isolated (see `fastscore study --help`).")
+@click.option("--allow-stand-ins", is_flag=True,
+              help="Accept random-weight stand-ins (NAME@standin; time only, their G means nothing; marked).")
 @_friendly
 def sweep(models, variants, envs, failures, limit, shard_size, out, data, seed, resume, ray_address, workers,
-          threads, max_new_tokens, n_boot, sandbox) -> None:
+          threads, max_new_tokens, n_boot, sandbox, allow_stand_ins) -> None:
     """Run the study over a grid of models x variants x environments x failure sources, resumable by shard, in this
     process or on Ray, and write the cross-model summary (summary.md, summary.json, a plot) into --out."""
     from fastscore.sweep.run import SweepConfig, run_sweep
@@ -247,6 +249,7 @@ def sweep(models, variants, envs, failures, limit, shard_size, out, data, seed, 
         failures=tuple(_csv(failures)), limit=limit, shard_size=shard_size, seed=seed,
         out_dir=out, data_dir=data, resume=resume, ray=ray_address, workers=workers, threads=threads,
         max_new_tokens=max_new_tokens, n_boot=n_boot, sandbox=sandbox, command=_command_line(),
+        allow_standins=allow_stand_ins,
     )  # fmt: skip
     outcome = run_sweep(config, progress=True)
     for (model, variant), reason in outcome.skipped.items():
@@ -329,6 +332,55 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
     click.echo(line)
     if json_out is not None:
         outputs.write_text_atomic(json_out, line + "\n")
+
+
+@main.command("bench-scale")
+@click.option("--models", default=None,
+              help="Comma-separated models (default: the embedded 135M, then each registry model's stand-in, "
+                   "NAME@standin: random weights with the real config).")
+@click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
+              callback=lambda ctx, param, value: value or default_data_dir())
+@click.option("--out", "out", default=Path("bench-scale-out"), show_default=True, type=click.Path(path_type=Path),
+              help="Results folder: one JSON per model, extended step by step (a rerun measures only what is missing).")
+@click.option("--limit", default=1, show_default=True, type=click.IntRange(min=1), help="Workload items per environment.")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--repeats", default=2, show_default=True, type=click.IntRange(min=1), help="Timed runs (median).")
+@click.option("--greedy-batch", default=8, show_default=True, type=click.IntRange(min=1),
+              help="Contexts decoded side by side in the greedy step.")
+@click.option("--new-tokens", default=32, show_default=True, type=click.IntRange(min=1))
+@click.option("--skip", default="",
+              help="Steps to leave out this time (not recorded): kinds (score, greedy, convert), variants (gguf-f16), "
+                   "formats (onnx) or step names (score-onnx-int8).")
+@click.option("--prune", is_flag=True, help="Delete each stand-in's cached artefacts once it is measured (disk).")
+@click.option("--study", "studies", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A study run's failure-source folder (report.md, summary.json) to project the full grid from; "
+                   "repeat for each source.")
+@click.option("--table-out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the markdown tables to this file.")
+@_friendly
+def bench_scale(models, data, out, limit, threads, repeats, greedy_batch, new_tokens, skip, prune, studies,
+                table_out) -> None:
+    """Convert and measure each registry model at real size (stand-ins where the weights are not here)."""
+    import os
+
+    from fastscore import outputs
+    from fastscore.bench import projection
+    from fastscore.bench.scale import DEFAULT_MODELS, SCORING, ScaleOptions, run_scale
+    from fastscore.resolve import model_source
+
+    chosen = _bench_list(models) or DEFAULT_MODELS
+    for model in chosen:
+        model_source(model)  # an unknown name stops here, before anything runs
+    opts = ScaleOptions(out_dir=out, data_dir=data, models=chosen, items_per_env=limit,
+                        threads=threads or os.cpu_count() or 1, repeats=repeats, greedy_batch=greedy_batch,
+                        new_tokens=new_tokens, skip=_bench_list(skip) or (), prune=prune)
+    results = run_scale(opts)
+    works = [projection.study_work(folder) for folder in studies]
+    sources = projection.count_sources(data, sorted({e for w in works for e in w["items"]})) if works else None
+    text = projection.render(results, works, sources, SCORING, opts.threads, os.cpu_count() or 1)
+    click.echo(text)
+    if table_out is not None:
+        outputs.write_text_atomic(table_out, text + "\n")
 
 
 @main.command("quant-check")

@@ -31,6 +31,8 @@ class ModelEntry:
     params: int
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     embedded: Embedded | None = None
+    # The checkpoint's config.json architecture fields (what a random-weight stand-in is built from); may be empty.
+    config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @cache
@@ -49,6 +51,7 @@ def _load() -> tuple[str, tuple[ModelEntry, ...]]:
                 params=int(raw["params"]),
                 chat_template_kwargs=MappingProxyType(dict(raw.get("chat_template_kwargs", {}))),
                 embedded=Embedded(**embedded) if embedded else None,
+                config=MappingProxyType(dict(raw.get("config", {}))),
             )
         )
     return data["default"], tuple(entries)

@@ -47,6 +47,7 @@ class ModelSource:
     local_dir: Path | None = None  # a local HF checkpoint folder given by the user
     embedded_gguf: Path | None = None  # a shipped GGUF, or a local GGUF file given by the user (entry None)
     hub_repo: str | None = None  # a hub id outside the registry
+    standin: bool = False  # a random-weight stand-in with the entry's config (fastscore.conversion.standin)
 
     @property
     def chat_template_kwargs(self) -> Mapping:
@@ -107,6 +108,14 @@ def _registry_entry(model: str) -> registry.ModelEntry:
 
 def model_source(model: str, hf_path: Path | None = None) -> ModelSource:
     """Identify the model without touching any weights (nothing is converted or downloaded here)."""
+    from fastscore.conversion import standin
+
+    if standin.is_standin(model):
+        entry = _registry_entry(standin.base_name(model))
+        if not entry.config:
+            raise UnsupportedError(f"{entry.name!r} has no architecture config in the registry: no stand-in exists")
+        return ModelSource(name=f"{entry.name}{standin.SUFFIX}", key=f"{entry.name}{standin.KEY_SUFFIX}",
+                           entry=entry, standin=True)
     names = {entry.name for entry in registry.all_models()} | {entry.hub_id for entry in registry.all_models()}
     if model not in names and Path(model).expanduser().is_dir():
         folder = _checked_hf_folder(Path(model))

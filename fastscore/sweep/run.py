@@ -20,6 +20,7 @@ from fastscore.errors import (
     ConversionError,
     OutputError,
     ResumeConfigError,
+    UnsupportedError,
 )
 from fastscore.outputs import OutDirLock, write_text_atomic
 from fastscore.study.datafile import default_data_dir
@@ -56,6 +57,7 @@ class SweepConfig:
     n_boot: int = 2000
     sandbox: str = "bwrap"
     command: str = ""
+    allow_standins: bool = False  # random-weight stand-ins (NAME@standin) measure time only: run only when asked
 
     def settings(self) -> dict[str, Any]:
         """What decides the rows: a resumed sweep must use the same (where and how it runs may change)."""
@@ -113,7 +115,9 @@ def run_sweep(config: SweepConfig, progress: bool = False) -> SweepOutcome:
     from fastscore.resolve import model_source
 
     for model in config.models:
-        model_source(model)  # an unknown model name stops here, with a suggestion
+        if model_source(model).standin and not config.allow_standins:  # an unknown name stops here, suggested
+            raise UnsupportedError(f"{model} is a random-weight stand-in (its G means nothing); pass "
+                                   "--allow-stand-ins to run it anyway (the summary marks it)")
     out_dir = Path(config.out_dir).resolve()
     _check_out(config)
     with OutDirLock(out_dir):

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from fastscore.conversion import standin
 from fastscore.outputs import write_text_atomic
 from fastscore.study.conditions import REMEDIES
 from fastscore.study.metrics import read_score_rows, summarize
@@ -37,7 +38,8 @@ def summarise_cells(out_dir: Path, shards_by_cell: dict[Cell, list[Shard]], skip
                     all_cells: Sequence[Cell], seed: int, n_boot: int) -> dict[str, Any]:
     cells_out = []
     for cell in all_cells:
-        entry: dict[str, Any] = {**asdict(cell), "variant": cell.variant, "key": cell.key}
+        entry: dict[str, Any] = {**asdict(cell), "variant": cell.variant, "key": cell.key,
+                                 "standin": standin.is_standin(cell.model)}
         reason = skipped.get((cell.model, cell.variant))
         if reason is not None:
             cells_out.append({**entry, "status": "skipped", "reason": reason})
@@ -101,8 +103,9 @@ def _sign_verdict(g: dict[str, Any], ref: dict[str, Any]) -> str:
 
 
 def model_label(model: str) -> str:
-    """Registry names as they are; a local folder by its name (summary.json keeps the full path)."""
-    return Path(model).name if "/" in model else model
+    """Registry names as they are (a stand-in marked as one); a local folder by its name (summary.json keeps the
+    full path)."""
+    return Path(model).name if "/" in model else standin.label(model)
 
 
 def _fmt(est: dict[str, Any] | None, pct: bool = False) -> str:
@@ -172,8 +175,13 @@ def write_summary(out_dir: Path, result: dict[str, Any], meta: dict[str, Any],
         intro += (f" Versions (driver): fastscore {found['fastscore_version']}, Python {found['python']}, "
                   + ", ".join(f"{k} {v}" for k, v in found["libraries"].items() if v)
                   + "; each shard's `config.json` records its worker's versions and weights.")
+    standins = sorted({c["model"] for c in result["cells"] if c.get("standin")})
+    warning = (f"**Stand-ins:** {', '.join(map(standin.label, standins))} are random-weight models with the real "
+               "checkpoints' configs (`--allow-stand-ins`): their rows measure time only; their G means nothing."
+               ) if standins else ""
     text = "\n\n".join(filter(None, [
         "# fastscore sweep",
+        warning,
         intro,
         "## Results\n\n" + table_markdown(result),
         ("## Skipped\n\n" + "\n".join(f"- {c['model']} ({c['variant']}): {c['reason']}"

@@ -1,0 +1,246 @@
+"""From `bench --scale` rates to the projected wall time of the full study grid, and the README table.
+
+The work of one item-run comes from a real study run's stage table (report.md: seconds and tokens the model computed
+per stage) and item counts (summary.json), for each failure source. A stage's tokens are run at the rate the bench
+measured for that kind of work on the model and type: scoring stages at the shared-scoring computed tok/s, decoding
+stages (greedy, sampled retries, on-policy attempts) at the batched greedy rate counting the contexts' prefill
+((prefill + decoded tokens) / (prefill + decode seconds)). Token counts are the SmolLM2 tokenizer's (the stand-ins
+carry it) and the on-policy decode lengths are the 135M model's: other models' own tokenizers and attempts change
+them. Projections ignore per-item overheads that do not scale with the model (rendering, the MBPP sandbox), which the
+135M row's "projected vs measured" ratio shows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from fastscore.bench.scale import step_name
+from fastscore.errors import DataError
+
+DECODE_STAGES = ("build items", "greedy decoding")
+SCORE_STAGES = ("score candidate sets",)
+CONVERSION_LABELS = {"hf-fp32": "HF fp32", "gguf-f32": "GGUF f32", "gguf-f16": "f16", "gguf-q8_0": "q8_0",
+                     "gguf-q4_k_m": "q4_k_m", "onnx-fp32": "ONNX fp32", "onnx-int8": "ONNX int8"}
+
+
+def stage_table(report_md: Path) -> dict[str, tuple[float, int | None]]:
+    """{stage: (seconds, tokens computed)} from a study report's "Stage timings" table."""
+    text = Path(report_md).read_text(encoding="utf-8")
+    section = text.split("## Stage timings", 1)
+    if len(section) < 2:
+        raise DataError(f"{report_md} has no stage timings")
+    out = {}
+    for line in section[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and re.fullmatch(r"[\d.]+", cells[1]) and not cells[0].startswith("**"):
+            out[cells[0]] = (float(cells[1]), int(cells[2]) if cells[2] else None)
+    return out
+
+
+def study_work(folder: Path) -> dict:
+    """One study run (a failure source's folder): its stages, items per environment and what it examined."""
+    folder = Path(folder)
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    items = {env: int(summary[env]["n_items"]) for env in config["envs"] if env in summary}
+    skipped_file = folder / "skipped.jsonl"
+    skipped: dict[str, int] = {}
+    if skipped_file.is_file():
+        for line in skipped_file.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                env = json.loads(line).get("env", "?")
+                skipped[env] = skipped.get(env, 0) + 1
+    return {"folder": str(folder), "failures": config.get("failures"), "model": config.get("model"),
+            "quant": config.get("quant"), "items": items, "skipped": skipped, "stages": stage_table(folder / "report.md")}
+
+
+def count_sources(data_dir: Path, envs: Sequence[str]) -> dict[str, int]:
+    """Source records per environment, read with the study's own loaders (seeded items are built from these)."""
+    from fastscore.study.envs import open_envs
+
+    return {name: len(env.load_sources()) for name, env in open_envs(envs, Path(data_dir)).items()}
+
+
+def rates(results: dict, backend: str, quant: str) -> dict[str, float] | None:
+    """Measured tok/s of one model and type: scoring (computed), pp512, unique, and greedy with prefill."""
+    score = results["steps"].get(step_name("score", backend, quant), {})
+    greedy = results["steps"].get(step_name("greedy", backend, quant), {})
+    if "shared" not in score:
+        return None
+    shared = score["shared"]
+    out = {"score_computed": shared["stats"]["computed_tokens"] / shared["seconds"],
+           "unique": score["trie_minimal_tokens"] / shared["seconds"],
+           "pp": score["prefill"]["tokens"] / score["prefill"]["seconds"],
+           "score_rss": score.get("max_rss_bytes")}
+    batches = [v for k, v in greedy.items() if k.isdigit()]
+    if batches:
+        run = batches[0]["batched"]
+        decoded = batches[0]["contexts"] * batches[0]["new_tokens"]
+        out["greedy_decode"] = run["tokens_per_s"]
+        out["greedy_with_prefill"] = (run["prefill_tokens"] + decoded) / (run["prefill_seconds"] + run["decode_seconds"])
+        out["greedy_rss"] = greedy.get("max_rss_bytes")
+    return out
+
+
+def project_seconds(work: dict, rate: dict[str, float], scale: float) -> float | None:
+    """Seconds of one failure source's full run: each stage's tokens per examined item x `scale` at the rate."""
+    total = 0.0
+    for stage, (_, tokens) in work["stages"].items():
+        if not tokens:
+            continue
+        if stage in SCORE_STAGES:
+            total += tokens / rate["score_computed"]
+        elif stage in DECODE_STAGES:
+            if "greedy_with_prefill" not in rate:
+                return None
+            total += tokens / rate["greedy_with_prefill"]
+    return total * scale
+
+
+def full_scale(work: dict, sources: dict[str, int]) -> float:
+    """How many times the run's work the full data is: sources in the data / sources the run examined."""
+    examined = sum(work["items"].values()) + sum(work["skipped"].values())
+    return sum(sources[env] for env in work["items"]) / examined
+
+
+def fastest_type(results: dict, candidates: Sequence[tuple[str, str]]) -> tuple[str, str] | None:
+    measured = [(rates(results, b, q), (b, q)) for b, q in candidates]
+    measured = [(r["score_computed"], bq) for r, bq in measured if r and "greedy_with_prefill" in r]
+    return max(measured)[1] if measured else None
+
+
+def _gb(n: int | None) -> str:
+    return "–" if not n else f"{n / 1e9:.2f}"
+
+
+def _f(x: float | None, digits: int = 0) -> str:
+    return "–" if x is None else f"{x:,.{digits}f}"
+
+
+def conversion_rows(all_results: Sequence[dict]) -> list[str]:
+    lines = ["| model | variant | wall s | CPU s | peak RSS GB | size GB | read-back check |", "|---|---|---|---|---|---|---|"]
+    for res in all_results:
+        for variant, name in CONVERSION_LABELS.items():
+            step = res["steps"].get(f"convert-{variant}")
+            if not step:
+                continue
+            if "error" in step:
+                lines.append(f"| {res['label']} | {name} | failed: {step['error'][:200]} | | | | |")
+                continue
+            check = step.get("check") or ""
+            verdict = ("PASS" if step.get("check_passed") else "FAIL") + check[check.find(": max|d|"):check.find(" nats")] \
+                if check else "structure only (the stand-in is its own reference)"
+            verdict = verdict.replace("|", "\\|")  # "max|d|" inside a markdown cell
+            lines.append(f"| {res['label']} | {name} | {step['wall_seconds']:.0f} | {step.get('cpu_seconds', 0):.0f} | "
+                         f"{_gb(step.get('max_rss_bytes'))} | {_gb(step.get('bytes'))} | {verdict} |")
+    return lines
+
+
+def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]) -> list[str]:
+    lines = ["| model | type | pp512 tok/s | shared scoring: unique tok/s (computed) | batched greedy decode tok/s "
+             "(with prefill) | peak RSS scoring / greedy GB |", "|---|---|---|---|---|---|"]
+    for res in all_results:
+        for backend, quant in configs:
+            r = rates(res, backend, quant)
+            if r is None:
+                step = res["steps"].get(step_name("score", backend, quant), {})
+                if "error" in step:
+                    lines.append(f"| {res['label']} | {backend} {quant} | failed: {step['error'][:160]} | | | |")
+                continue  # not measured: no row (the conversion table shows what exists)
+            greedy = (f"{_f(r.get('greedy_decode'), 1)} ({_f(r.get('greedy_with_prefill'), 1)})"
+                      if "greedy_decode" in r else "–")
+            lines.append(f"| {res['label']} | {backend} {quant} | {_f(r['pp'], 1)} | {_f(r['unique'], 1)} "
+                         f"({_f(r['score_computed'], 1)}) | {greedy} | {_gb(r['score_rss'])} / {_gb(r.get('greedy_rss'))} |")
+    return lines
+
+
+def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int],
+                    fast_candidates: Sequence[tuple[str, str]], threads: int, cores: int,
+                    factors: dict[str, float] | None = None) -> list[str]:
+    """Hours of the full grid per model and type: worker-hours at the measured `threads` per worker, and this
+    machine's wall hours with cores // threads such workers side by side (the sweep's --workers/--threads)."""
+    workers = max(1, cores // threads)
+    lines = ["| model | type | " + " | ".join(f"{w['failures']}: worker-h" for w in works)
+             + f" | grid: worker-hours ({threads} thread{'s' if threads > 1 else ''} per worker) | "
+             f"grid on this machine: hours ({workers} workers) | the same × the 135M's measured/projected |",
+             "|---|---|" + "---|" * (len(works) + 3)]
+    factors = factors or {}
+    for res in all_results:
+        fast = fastest_type(res, fast_candidates)
+        for backend, quant in dict.fromkeys([("llamacpp", "f32"), *([fast] if fast else [])]):
+            r = rates(res, backend, quant)
+            if r is None:
+                continue
+            hours = [project_seconds(w, r, full_scale(w, sources)) for w in works]
+            total = None if None in hours else sum(hours) / 3600
+            tag = "exact default" if (backend, quant) == ("llamacpp", "f32") else "fastest measured"
+            calibrated = None if None in hours or len(factors) < len(works) else \
+                sum(h * factors[w["failures"]] for h, w in zip(hours, works)) / 3600 / workers
+            lines.append(f"| {res['label']} | {backend} {quant} ({tag}) | "
+                         + " | ".join(_f(h / 3600 if h is not None else None, 1) for h in hours)
+                         + f" | {_f(total, 1)} | {_f(None if total is None else total / workers, 1)} | "
+                         f"{_f(calibrated, 1)} |")
+    return lines
+
+
+def calibration_factors(works: Sequence[dict], results_135m: dict, workers: int) -> dict[str, float]:
+    """Per failure source: the study's measured seconds / the 135M's projected seconds of the same run."""
+    factors = {}
+    for w in works:
+        r = rates(results_135m, "llamacpp", w.get("quant") or "f32")
+        projected = project_seconds(w, r, 1.0) if r else None
+        if projected:
+            measured = sum(s for stage, (s, _) in w["stages"].items() if stage in SCORE_STAGES + DECODE_STAGES)
+            factors[w["failures"]] = measured / (projected / workers)
+    return factors
+
+
+def calibration(works: Sequence[dict], results_135m: dict, workers: int) -> list[str]:
+    """The 135M row checked against the study it came from: its projected seconds (at the measured rates, `workers`
+    side by side) vs the seconds the study measured for its scoring and decoding stages."""
+    lines = []
+    for w in works:
+        r = rates(results_135m, "llamacpp", w.get("quant") or "f32")
+        if r is None:
+            continue
+        projected = project_seconds(w, r, 1.0)
+        measured = sum(s for stage, (s, _) in w["stages"].items() if stage in SCORE_STAGES + DECODE_STAGES)
+        if projected:
+            projected /= workers
+            lines.append(f"Check on the 135M, {w['failures']} failures: projected {projected:.0f} s vs measured "
+                         f"{measured:.0f} s for the same run's scoring and decoding stages (measured / projected "
+                         f"{measured / projected:.2f}).")
+    return lines
+
+
+def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int] | None,
+           configs: Sequence[tuple[str, str]], threads: int = 1, cores: int = 2) -> str:
+    """The markdown tables: conversions, scoring rates, and (given study runs) the projected grid."""
+    out = ["Conversion (each step in its own process, its read-back check included; CPU s: user + system of the step "
+           "and its subprocesses)", "", *conversion_rows(all_results), "",
+           "Scoring and decoding (bench workload; medians of the timed runs)", "", *scoring_rows(all_results, configs)]
+    loads = sorted({tuple(s.get("load_average_before", ())) for r in all_results for s in r["steps"].values()
+                    if s.get("load_average_before")})
+    if loads:
+        one_minute = [load[0] for load in loads]
+        out += ["", f"Load average (1 min) before the steps: {min(one_minute):.2f}–{max(one_minute):.2f}."]
+    if works and sources:
+        out += ["", f"Projected full grid (sources in the data: {', '.join(f'{k} {v}' for k, v in sources.items())}; "
+                "each failure source's stage tokens per examined source from the study run, at the measured rates)"]
+        real = next((r for r in all_results if not r["standin"]), None)
+        workers = max(1, cores // threads)
+        factors = calibration_factors(works, real, workers) if real is not None else {}
+        rows = projection_rows(all_results, works, sources, configs, threads, cores, factors)
+        out += ["", *rows]
+        exact = [r.split(" | ") for r in rows[2:] if "(exact default)" in r]
+        totals = [(float(c[-2]), float(c[-1].rstrip(" |"))) for c in exact if "–" not in (c[-2], c[-1].rstrip(" |"))]
+        if totals:
+            out += ["", f"Every model measured above at its exact default, one after another on this machine: "
+                    f"{sum(t[0] for t in totals):.0f} h projected, {sum(t[1] for t in totals):.0f} h scaled by "
+                    f"the 135M's measured/projected ({len(totals)} models)."]
+        if real is not None:
+            out += ["", *calibration(works, real, workers)]
+    return "\n".join(out)
