@@ -146,3 +146,22 @@ def test_unstable_ratio_is_flagged_in_the_report(tmp_path):
     remedy_rows = [line for line in lines if line.startswith("| description") and " ⚠" in line]
     assert len(remedy_rows) == 1  # the remedy table's row; the condition table's row holds no ratio
     assert "sign is not resolved" in text
+
+
+def test_clean_retry_share_is_wilson_over_all_samples_and_fixed_cells_are_not_applicable(tmp_path):
+    from dataclasses import replace
+
+    from fastscore.study.metrics_stats import wilson_interval
+
+    # On-policy rows: 8 sampled retries per item from the clean context, one repeat among all 25 * 8 = 200 samples.
+    rows = [replace(r, sampled_k=8, sampled_repeat=int(r.item_id == "tools-3")) if r.condition == "clean_retry"
+            else r for r in study_rows(shift=3.0)]
+    summary = summarize(rows, seed=0, n_boot=100)
+    share = summary["tools"]["conditions"]["clean_retry"]["sampled_repeat_rate"]
+    lo, hi = wilson_interval(1, 200)
+    assert (share["mean"], share["lo"], share["hi"], share["n"]) == (1 / 200, lo, hi, 200)
+    assert 0.0 < lo < 1 / 200 < hi < 0.03  # a percentile bootstrap over items would give [0, 0.015] or so
+    text = write_report(summary, tmp_path, {**META, "failure_source": "model"}).read_text()
+    ban_row = next(line for line in text.splitlines() if line.startswith("| ban |"))
+    assert "not applicable (0 by construction)" in ban_row and "0 [0, 0]" not in ban_row
+    assert "Greedy exact reproduction after the record:" in text and "(before it: not applicable" in text

@@ -293,6 +293,15 @@ def test_cpu_time_limit_stops_a_busy_loop_before_the_wall_timeout(isolation):
     assert outcome.message == "Timeout: the tests used more than 1 s of CPU time"  # not the 30 s wall-clock timer
 
 
+def test_a_mutant_is_judged_by_cpu_time_so_machine_load_cannot_change_its_verdict():
+    from fastscore.study.envs.mbpp.env import MUTANT_LIMITS
+
+    outcome = run("while True:\n    pass", limits=MUTANT_LIMITS)
+    assert outcome.message == f"Timeout: the tests used more than {MUTANT_LIMITS.cpu_seconds} s of CPU time"
+    # A fast program is never cut by the wall clock: even 10x slower under load it is far inside it.
+    assert run(ADD + "assert sum(range(10 ** 6)) > 0\n", limits=MUTANT_LIMITS).status == "passed"
+
+
 @BOTH
 def test_allocating_two_gigabytes_hits_the_memory_limit(isolation):
     outcome = run("data = bytearray(2 * 1024 ** 3)", isolation=isolation)

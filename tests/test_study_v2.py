@@ -186,7 +186,7 @@ def test_both_failure_sources_are_reported_side_by_side(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| seeded: tools |" in report and "| model: pooled |" in report
     assert "not applicable (seeded failures)" in report
-    assert "(by construction: the model's own attempt)" in report
+    assert "not applicable (by construction: the model's own attempt)" in report
     assert set(json.loads((tmp_path / "summary.json").read_text())) == {"seeded", "model"}
     lines = headline(outcome)
     assert lines[0].startswith("[seeded] tools") and lines[-1].startswith("measured time, both failure sources")

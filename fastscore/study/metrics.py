@@ -41,6 +41,7 @@ from fastscore.study.metrics_stats import (  # re-exported: the maths is part of
     resample_indices,
     share_removed,
     wilson_ci,
+    wilson_interval,
 )
 
 log = logging.getLogger(__name__)
@@ -250,8 +251,8 @@ def build_tables(rows: Iterable[ScoreRow]) -> dict[str, EnvTable]:
             members = [(pos[item], row) for (item, c), row in cell.items() if c == cond]
             if not members:
                 continue
-            cols = {name: np.full(len(ids), np.nan) for name in ("lp", "n_tokens", "correct_lp", "correct_n")
-                    + ROW_METRICS}
+            cols = {name: np.full(len(ids), np.nan) for name in ("lp", "n_tokens", "correct_lp", "correct_n",
+                                                                 "sampled_k", "sampled_repeat") + ROW_METRICS}
             toks: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(ids)
             for i, row in members:
                 for name in cols:
@@ -324,9 +325,27 @@ def _condition_metrics(table: EnvTable, cond: str, idx: np.ndarray) -> dict[str,
             out[name] = wilson_ci(values).to_dict()
         else:
             out[name] = bootstrap_ci(values, idx).to_dict()
+    if "sampled_repeat_rate" in out:
+        out["sampled_repeat_rate"] = sampled_share(table, cond).to_dict()
     if missing:
         out["not_applicable"] = missing
     return out
+
+
+def sampled_share(table: EnvTable, cond: str) -> Estimate:
+    """The share of all sampled retries that repeat the failed action, with its Wilson interval.
+
+    Every item has the same k, so the share equals the mean of the per-item shares; a percentile bootstrap of those
+    collapses to [0, 0] when no sample repeats, Wilson does not. n counts samples, which within one item are not
+    independent: the interval is a floor on the uncertainty.
+    """
+    k = table.column(cond, "sampled_k")
+    repeats = table.column(cond, "sampled_repeat")
+    n, hits = int(np.nansum(k)), int(np.nansum(repeats))
+    if n == 0:
+        raise DataError(f"no sampled retries recorded for {cond!r}")
+    lo, hi = wilson_interval(hits, n)
+    return Estimate(hits / n, lo, hi, n, note=f"Wilson score interval over all {n} samples ({hits} repeat)")
 
 
 def _masked(values: np.ndarray, mask: np.ndarray) -> np.ndarray:

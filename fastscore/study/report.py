@@ -174,7 +174,8 @@ def _condition_table(conditions: dict[str, Any], marks: dict[tuple[str, str], st
         cells = []
         for k, _ in CONDITION_COLUMNS:
             text = _cell(metrics.get(k), _short_reason(missing.get(k)))
-            cells.append(f"{text} ({marks[cond, k]})" if (cond, k) in marks and k in metrics else text)
+            # A value fixed by construction is no finding: the cell says why instead of showing it.
+            cells.append(f"not applicable ({marks[cond, k]})" if (cond, k) in marks and k in metrics else text)
         rows.append([cond] + cells)
     note = ("\n\nP(T=1 sample = failed) = exp(lp): the exact probability that one sample at temperature 1.0 from "
             "that context is the failed action token for token; `sampled retries repeating` is the measured share of "
@@ -235,7 +236,7 @@ def _sign_reading(name: str, est: dict[str, Any]) -> str:
     return f"mean {name} = {_num(mean)} nats is {sign} ({ci}): {meaning}"
 
 
-def _reading(summary: dict[str, Any]) -> str:
+def _reading(summary: dict[str, Any], marks: dict[tuple[str, str], str]) -> str:
     conds, dec, rem = summary["conditions"], summary["decomposition"], summary["remedies"]
     after = conds.get("after", {})
     if "gain" not in after:
@@ -259,7 +260,10 @@ def _reading(summary: dict[str, Any]) -> str:
                      f"{_cell(typos['gain_per_token'])}, ΔG / token = {_cell(typos.get('delta_gain_per_token'))}.")
     before = conds.get(REFERENCE, {})
     for key, what in (("p_repeat", "P(repeat) over the candidate set"), ("greedy_repeat", "Greedy exact reproduction")):
-        if key in before and key in after:
+        if key in before and key in after and (REFERENCE, key) in marks:
+            lines.append(f"{what} after the record: {_cell(after[key])} (before it: not applicable, "
+                         f"{marks[REFERENCE, key]}).")
+        elif key in before and key in after:
             lines.append(f"{what} goes from {_cell(before[key])} before the record to {_cell(after[key])} after it.")
     if "surface_share" in dec:
         share = dec["surface_share"]
@@ -297,7 +301,7 @@ def _env_section(env: str, summary: dict[str, Any], marks: dict[tuple[str, str],
     return "\n\n".join([
         f"## Results: {env}",
         f"{summary['n_items']} items; bootstrap: {boot.get('n_boot')} resamples, seed {boot.get('seed')}.",
-        "### Reading\n\n" + _reading(summary),
+        "### Reading\n\n" + _reading(summary, marks),
         "### Conditions\n\n" + _condition_table(summary["conditions"], marks),
         copy_control_section(summary["conditions"]),
         kinds_section(summary),

@@ -105,7 +105,7 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
         for key, s in summary.items():
             row = headline_row(f"{source}: {key}", s if key == "pooled" else _env_headline(s))
             if source == "model":  # the failure is the model's greedy attempt from the before context
-                row[-2] += " (by construction: the model's own attempt)"
+                row[-2] = "not applicable (by construction: the model's own attempt)"
             rows.append(row)
             typos = (s.get("without_name_typos") or {}) if key != "pooled" else {}
             if typos.get("n_items") and typos["n_items"] < s.get("n_items", 0):

@@ -40,10 +40,12 @@ DATA_FILE = "mbpp.jsonl"
 EXTRA_MUTANTS = 2  # failing mutants shown in the candidate set besides the failed program and the reference
 N_CANDIDATES = 2 + EXTRA_MUTANTS
 WORKERS = 2
-# Mutants run under a shorter, fixed limit: references finish in milliseconds, and an infinite-loop mutant would
-# otherwise hold a worker for the full default timeout. Fixed (not derived from a measured time) so that outcomes
-# and their messages do not depend on machine load.
-MUTANT_LIMITS = SandboxLimits(timeout_s=2.0)
+# Mutants run under a short, fixed CPU-time limit: references finish in milliseconds, and an infinite-loop mutant
+# would otherwise hold a worker for the full default timeout. The limit is on CPU time, not wall time, because a
+# program's CPU time does not grow with machine load: under a 2 s wall limit a loaded machine turned an ordinary
+# AssertionError mutant into a "did not finish" one and so changed which mutant an item kept. The generous wall
+# limit only catches programs that block without computing.
+MUTANT_LIMITS = SandboxLimits(timeout_s=30.0, cpu_s=2)
 EVAL_LIMITS = SandboxLimits()
 
 SYSTEM_PROMPT = (
