@@ -53,6 +53,10 @@ def _jsonl(records: Iterable[dict[str, Any]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False, sort_keys=True, allow_nan=False) + "\n" for r in records)
 
 
+def _with_later_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    return {**LATER_SETTINGS, **settings}
+
+
 def _sans_time(provenance: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in provenance.items() if k != "created"}
 
@@ -134,7 +138,7 @@ class StudyStore:
             if self.path(name).exists():
                 log.info("fresh run: removing the previous %s", name)
                 self.path(name).unlink()
-        if previous is None or {**LATER_SETTINGS, **previous} != {**LATER_SETTINGS, **config}:
+        if previous is None or _with_later_settings(previous) != _with_later_settings(config):
             # Items built under another config must not be mistaken for this one's.
             for name in (ITEMS_FILE, SKIPPED_FILE):
                 self.path(name).unlink(missing_ok=True)
@@ -163,7 +167,7 @@ class StudyStore:
         previous = self.read_config()
         if not resume or previous is None:
             return False
-        previous, config = {**LATER_SETTINGS, **previous}, {**LATER_SETTINGS, **config}
+        previous, config = _with_later_settings(previous), _with_later_settings(config)
         differing = sorted(k for k in set(previous) | set(config) if previous.get(k) != config.get(k))
         if differing:
             details = "; ".join(f"{k}: was {previous.get(k)!r}, now {config.get(k)!r}" for k in differing)
