@@ -30,7 +30,7 @@ from fastscore.study.envs.tools.env import ToolsEnv
 from fastscore.sweep import grid
 from fastscore.sweep import items as sweep_items
 from fastscore.sweep.run import SweepConfig, run_sweep
-from fastscore.sweep.summary import sign_check
+from fastscore.sweep.summary import sign_check, table_markdown
 
 LIMIT = 3
 MAX_NEW = 6
@@ -78,6 +78,19 @@ def test_sign_check_flags_only_resolved_flips():
                       "llamacpp:q8_0": "undetermined: this variant's 95% CI includes 0"}
     alone = sign_check([_cell("llamacpp:q4_1", _est(-0.4, -0.6, -0.2))])
     assert alone[0]["verdict"].startswith("not applicable")
+
+
+def test_greedy_reproduction_before_is_not_applicable_under_the_model_s_own_failures():
+    def cell(failures):
+        c = _cell("llamacpp:f32", _est(-0.5, -0.7, -0.3))
+        conds = c["summary"]["conditions"]
+        conds["before"] = {"greedy_repeat": _est(1.0, 0.84, 1.0)}
+        conds["after"]["greedy_repeat"] = _est(0.05, 0.01, 0.24)
+        return {**c, "failures": failures, "summary": {**c["summary"], "n_items": 20}}
+
+    seeded, model = table_markdown({"cells": [cell("seeded"), cell("model")]}).splitlines()[2:]
+    assert "| 100% → 5% |" in seeded
+    assert "| not applicable (the model's own attempt) → 5% |" in model and "100%" not in model
 
 
 # --- end to end on the tiny model ---

@@ -116,12 +116,14 @@ def _fmt(est: dict[str, Any] | None, pct: bool = False) -> str:
     return f"{f(est['mean'])}{ci}"
 
 
-def _arrow(s: dict[str, Any], metric: str, pct: bool) -> str:
+def _arrow(s: dict[str, Any], metric: str, pct: bool, before_fixed: str | None = None) -> str:
+    """before → after; `before_fixed` says why the before value holds by construction (then it is not shown)."""
     before, after = _est(s, "conditions", "before", metric), _est(s, "conditions", "after", metric)
     if before is None or after is None:
         return "n/a"
     f = (lambda x: f"{x:.0%}") if pct else (lambda x: f"{x:.2f}")
-    return f"{f(before['mean'])} → {f(after['mean'])}"
+    shown = f"not applicable ({before_fixed})" if before_fixed else f(before["mean"])
+    return f"{shown} → {f(after['mean'])}"
 
 
 def table_markdown(result: dict[str, Any]) -> str:
@@ -144,7 +146,9 @@ def table_markdown(result: dict[str, Any]) -> str:
             remedies.append(_fmt(est, pct=True) if est else f"not applicable ({reason})" if reason else "n/a")
         lines.append("| " + " | ".join(head + [
             str(s["n_items"]), _fmt(_g(c)), _fmt(_est(s, "conditions", "after", "share_negative"), pct=True),
-            _arrow(s, "p_repeat", False), _arrow(s, "greedy_repeat", True),
+            _arrow(s, "p_repeat", False),
+            # Under model failures the failed action is the greedy completion of `before` itself.
+            _arrow(s, "greedy_repeat", True, "the model's own attempt" if c["failures"] == "model" else None),
             _fmt(_est(s, "decomposition", "surface_share"), pct=True), *remedies]) + " |")
     return "\n".join(lines)
 
