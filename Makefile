@@ -6,6 +6,9 @@ PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data
 STUDY_OUT ?= study-out
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+# Some VMs report AMX in CPUID but trap on its tile instructions (SIGILL in llama_decode, seen on this study
+# machine); -march=native would compile AMX kernels into llama.cpp, so they are switched off (a no-op elsewhere).
+export CMAKE_ARGS ?= -DCMAKE_C_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16' -DCMAKE_CXX_FLAGS='-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'
 
 .PHONY: install bubblewrap chromium templates test test-all study clean
 
