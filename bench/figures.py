@@ -208,14 +208,19 @@ def _greedy(greedy: dict | None, quant: str | None, prefill_tokens_per_s: float 
     if greedy is None:
         return None
     out: dict[str, Any] = {"backend": f"llamacpp:{quant}", "prefill_tokens_per_s": prefill_tokens_per_s}
+    unified = greedy.get("unified") or {}
     for b, g in greedy.items():
         if not b.isdigit():  # the worker's own figures (max_rss_bytes, cpu_seconds), not a batch size
             continue
+        before = unified.get(b, {}).get("batched", {}).get("tokens_per_s")
         out[b] = {"batched_tokens_per_s": g["batched"]["tokens_per_s"],
                   "sequential_tokens_per_s": g["sequential"]["tokens_per_s"],
                   "speedup": ratio(g["batched"]["tokens_per_s"], g["sequential"]["tokens_per_s"]),
                   "batched_vs_prefill": (ratio(g["batched"]["tokens_per_s"], prefill_tokens_per_s)
                                          if prefill_tokens_per_s else None),
+                  # The same contexts in one unified cache with flash attention (the layout before KV streams).
+                  "unified_tokens_per_s": before,
+                  "streams_vs_unified": ratio(g["batched"]["tokens_per_s"], before) if before else None,
                   "new_tokens": g["new_tokens"],
                   "batched_prefill_seconds": g["batched"]["prefill_seconds"],
                   "sequential_prefill_seconds": g["sequential"]["prefill_seconds"]}

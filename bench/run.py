@@ -70,6 +70,11 @@ class BenchOptions:
         return chosen
 
 
+# One cache shared by all contexts, with flash attention (the only attention path there that skips the other
+# contexts' masked cells): greedy decoding's layout before one KV stream per context became the default.
+UNIFIED_DECODE = {"decode_kv": "unified", "decode_flash_attn": "on"}
+
+
 def thread_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update({name: str(threads) for name in THREAD_VARIABLES})
@@ -128,7 +133,7 @@ def run_bench(opts: BenchOptions, scratch_dir: Path | None = None) -> dict:
         scratch = Path(tmp)
         (scratch / "workload.json").write_text(workload.to_json(), encoding="utf-8")
         common["workload"] = str(scratch / "workload.json")
-        steps = 1 + len(configs) + len(EXACT_CONFIGS) + 1 + 2 + 1
+        steps = 1 + len(configs) + len(EXACT_CONFIGS) + 1 + 2 + 2
         with tqdm(total=steps, desc="bench", unit="run", disable=None) as bar:
             def step(spec: dict, label: str) -> dict:
                 bar.set_postfix_str(label)
@@ -164,10 +169,13 @@ def run_bench(opts: BenchOptions, scratch_dir: Path | None = None) -> dict:
             # Greedy decoding on the study's default (exact) type when measured, else the fastest.
             greedy_type = "f32" if ("llamacpp", "f32") in configs else best
             if greedy_type is not None:
-                greedy = step({"task": "greedy", "backend": "llamacpp", "quant": greedy_type,
+                greedy_spec = {"task": "greedy", "backend": "llamacpp", "quant": greedy_type,
                                "batch_sizes": list(opts.greedy_batches), "new_tokens": opts.new_tokens,
-                               "repeats": opts.greedy_repeats},
-                              f"greedy-llamacpp-{greedy_type}")
+                               "repeats": opts.greedy_repeats}
+                greedy = step(greedy_spec, f"greedy-llamacpp-{greedy_type}")
+                # The previous decoding layout on the same contexts, batched only: what the default gained.
+                greedy["unified"] = step({**greedy_spec, "sequential": False, "backend_options": UNIFIED_DECODE},
+                                         f"greedy-llamacpp-{greedy_type}-unified")
             bar.update(steps - bar.n)
     gguf = next((a.path for (b, _), a in artefacts.items() if b == "llamacpp"), None)
     if gguf is not None:

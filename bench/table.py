@@ -70,9 +70,10 @@ def render(summary: dict[str, Any]) -> str:
         parts += ["", f"greedy decoding ({g['backend']}, decode phase only, fixed steps; its prefill "
                       f"{_f(g['prefill_tokens_per_s'])} tok/s):"]
         rows = [[b, _f(v["batched_tokens_per_s"]), _f(v["sequential_tokens_per_s"]), _f(v["speedup"], 2),
-                 _f(v["batched_vs_prefill"], 2)]
+                 _f(v["batched_vs_prefill"], 2), _f(v.get("unified_tokens_per_s")), _f(v.get("streams_vs_unified"), 2)]
                 for b, v in g.items() if isinstance(v, dict)]
-        parts.append(_grid(["contexts", "batched tok/s", "one-at-a-time tok/s", "speedup", "batched/prefill"], rows))
+        parts.append(_grid(["contexts", "batched tok/s", "one-at-a-time tok/s", "speedup", "batched/prefill",
+                            "unified cache + FA tok/s", "streams/unified"], rows))
     t = summary["targets"]
     parts += ["", "targets:", f"  end to end vs reference: {_met(t['end_to_end_speedup'])}",
               f"  batched greedy (32) vs sequential: {_met(t['greedy_batched_speedup_32'])}"]

@@ -3,7 +3,7 @@
     python -m fastscore.bench.worker SPEC.json OUT.json
 
 SPEC: {"task": "sgemm" | "backend" | "e2e" | "greedy" | "convert", "model", "backend", "quant", "threads",
-"repeats", "workload": path, ...task options}. The parent sets the BLAS/OpenMP thread variables in this process's
+"repeats", "workload": path, "backend_options" (optional: fields of the backend's options record), ...task options}. The parent sets the BLAS/OpenMP thread variables in this process's
 environment before numpy loads. OUT gets the task's figures plus "max_rss_bytes" (this process or any subprocess it
 waited for, e.g. llama.cpp's converter) and "cpu_seconds" (user + system, both).
 """
@@ -35,10 +35,13 @@ def run_spec(spec: dict) -> dict:
 
     from fastscore.bench import measure
     from fastscore.bench.workload import Workload
+    from fastscore.backends.options import options_for
     from fastscore.session import open_scorer
 
     workload = Workload.from_json(Path(spec["workload"]).read_text(encoding="utf-8"))
-    with open_scorer(spec["model"], spec["backend"], spec["quant"], n_threads=spec["threads"], progress=False) as scorer:
+    options = options_for(spec["backend"], spec["backend_options"]) if spec.get("backend_options") else None
+    with open_scorer(spec["model"], spec["backend"], spec["quant"], n_threads=spec["threads"], progress=False,
+                     backend_options=options) as scorer:
         if task == "backend":
             return measure.measure_backend(scorer, workload, spec["repeats"], spec.get("pp_tokens", 512),
                                            spec.get("per_request_repeats", 1), spec.get("per_request_limit"))

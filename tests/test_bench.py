@@ -142,6 +142,19 @@ def test_greedy_vs_prefill_uses_the_best_batch_of_32_or_more():
     targets = _targets({"end_to_end": {}, "backends": {}, "greedy": greedy})
     assert targets["greedy_vs_prefill"] == {"value": 0.85, "target": 0.8, "met": True}  # 8 contexts do not count
     assert targets["exact_speedup_vs_prefix_kv"]["met"] is None
+    assert greedy["32"]["unified_tokens_per_s"] is None  # the comparison layout not measured: n/a, not 0
+
+
+def test_greedy_compares_streams_with_the_unified_cache():
+    from fastscore.bench.figures import _greedy
+
+    run = {"new_tokens": 4, "batched": {"tokens_per_s": 120.0, "prefill_seconds": 1.0},
+           "sequential": {"tokens_per_s": 10.0, "prefill_seconds": 1.0}}
+    unified = {"32": {"new_tokens": 4, "batched": {"tokens_per_s": 40.0, "prefill_seconds": 1.0}}}
+    greedy = _greedy({"32": run, "unified": unified}, "f32", 150.0)
+    assert set(greedy) == {"32", "backend", "prefill_tokens_per_s"}
+    assert greedy["32"]["unified_tokens_per_s"] == 40.0
+    assert greedy["32"]["streams_vs_unified"] == 3.0
 
 
 def test_prefix_kv_peer_shares_only_rows_no_score_needs():
@@ -198,6 +211,7 @@ def test_bench_smoke_tiny_sizes(tmp_path, study_data):
     assert summary["targets"]["end_to_end_speedup"]["met"] is None  # not measured: n/a, never a made-up value
     assert set(summary["greedy"]) == {"1", "backend", "prefill_tokens_per_s"}
     assert summary["greedy"]["1"]["batched_vs_prefill"] > 0
+    assert summary["greedy"]["1"]["unified_tokens_per_s"] > 0  # measured side by side in the same run
 
 
 @pytest.mark.slow

