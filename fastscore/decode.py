@@ -12,6 +12,9 @@ not even START with a banned text (the banned call followed by anything): every 
 text as a prefix is blocked at every step (`PrefixBan`). The probability mass the ban removed
 (softmax mass of the blocked tokens, summed over steps) and the number of steps at which it blocked anything are
 reported, so a caller can see how much the ban distorted the model's choice.
+
+Each context may have its own token budget (a context leaves the batch at its own limit; the ban's "final step" is
+that context's own last step).
 """
 
 from __future__ import annotations
@@ -142,32 +145,42 @@ def _sample(logits: np.ndarray, temperature: float, rngs: Sequence[np.random.Gen
     return chosen
 
 
+def _budgets(max_new_tokens: int | Sequence[int], n: int) -> list[int]:
+    budgets = [max_new_tokens] * n if isinstance(max_new_tokens, (int, np.integer)) else [int(b) for b in max_new_tokens]
+    if len(budgets) != n:
+        raise ValueError(f"{len(budgets)} token budgets for {n} contexts")
+    for budget in budgets:
+        if budget < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, not {budget}")
+    return budgets
+
+
 def greedy_decode(
     decoder: Decoder,
     contexts: Sequence[Sequence[int]],
     *,
     token_bytes: Sequence[bytes],
     stop_ids: Iterable[int],
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     banned: Sequence[Iterable[str]] | None = None,
     ban_prefix: bool = False,
     temperature: float = 0.0,
     rngs: Sequence[np.random.Generator] | None = None,
 ) -> list[Decoded]:
-    """Greedy completions of all `contexts` at once, each until a stop token or `max_new_tokens` tokens.
+    """Greedy completions of all `contexts` at once, each until a stop token or its token budget.
 
-    `banned[i]` lists texts completion i may never equal. The decoder is closed when done.
+    `max_new_tokens`: one budget for all, or one per context. `banned[i]` lists texts completion i may never
+    equal. The decoder is closed when done.
     With `temperature` > 0 each completion is sampled instead, from softmax(logits / temperature), drawing from its
     own generator `rngs[i]` (one uniform draw per generated token), so a completion does not depend on which other
     contexts share the batch.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
+    n = len(contexts)
+    budgets = _budgets(max_new_tokens, n)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, not {temperature}")
     if temperature > 0 and (rngs is None or len(rngs) != len(contexts)):
         raise ValueError("sampling (temperature > 0) needs one numpy Generator per context in `rngs`")
-    n = len(contexts)
     if n == 0:
         return []
     stop_set = set(int(i) for i in stop_ids)
@@ -184,14 +197,13 @@ def greedy_decode(
         make_ban = prefix_ban if ban_prefix else text_ban
         ban = make_ban(tuple(token_bytes), frozenset(stop_set), logits.shape[1]) if any(banned_keys) else None
         active = list(range(n))
-        for step in range(1, max_new_tokens + 1):
-            final = step == max_new_tokens
+        for step in range(1, max(budgets) + 1):
             if ban is not None:  # blocked entries are overwritten: never write into the decoder's buffer
                 logits = np.array(logits, dtype=np.float32, copy=True)
             for row, seq in enumerate(active):
                 if ban is None or not banned_keys[seq]:
                     continue
-                blocked = ban.blocked(texts[seq], banned_keys[seq], final)
+                blocked = ban.blocked(texts[seq], banned_keys[seq], step == budgets[seq])
                 if blocked.size:
                     mass[seq] += _softmax_mass(logits[row], blocked)
                     steps_banned[seq] += 1
@@ -207,7 +219,7 @@ def greedy_decode(
                     continue
                 generated[seq].append(token)
                 texts[seq] += token_bytes[token] if token < len(token_bytes) else b""
-                if not final:
+                if step < budgets[seq]:
                     still_active.append(seq)
                     next_tokens.append(token)
             active = still_active

@@ -108,6 +108,7 @@ class GreedyRequest:
     banned: tuple[str, ...] = ()
     tools: tuple[Any, ...] = ()
     prompt: str | None = None  # raw text instead of messages: its continuation is decoded, no template involved
+    max_new_tokens: int | None = None  # this request's token budget (None: the call's; never more than the call's)
 
 
 @dataclass(frozen=True)

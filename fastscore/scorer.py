@@ -306,34 +306,40 @@ class Scorer:
         """Greedy completion of each context (rendered with a generation prompt; a raw-text prompt as it is), never
         equal to its banned texts
         (with `ban_prefix`, never starting with one); with temperature > 0, a sampled completion drawing from
-        `rngs[i]` (one Generator per request)."""
+        `rngs[i]` (one Generator per request). Each request decodes up to its own `max_new_tokens` if set, at most
+        the call's `max_new_tokens`; requests with different budgets share the decoder calls."""
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
-        contexts = []
+        contexts, budgets = [], []
         for request in requests:
+            budget = max_new_tokens if request.max_new_tokens is None else min(request.max_new_tokens, max_new_tokens)
+            if budget < 1:
+                raise RequestError(f"max_new_tokens must be >= 1, not {budget}", request_id=request.id)
             ids = (self.prompt_ids(request.prompt, request.id) if request.prompt is not None
                    else self.context_ids(request.messages, request.id, request.tools))
-            if len(ids) + max_new_tokens > self.backend.n_ctx:
+            if len(ids) + budget > self.backend.n_ctx:
                 raise ContextTooLongError(
-                    f"the context is {len(ids)} tokens; with {max_new_tokens} new tokens that is longer than the "
+                    f"the context is {len(ids)} tokens; with {budget} new tokens that is longer than the "
                     f"backend's context of {self.backend.n_ctx} tokens",
                     request_id=request.id,
                 )
             contexts.append(ids)
+            budgets.append(budget)
         results: list[GreedyResult] = []
         for lo in range(0, len(requests), self.max_decode_batch):
-            chunk = requests[lo : lo + self.max_decode_batch]
+            hi = lo + self.max_decode_batch
+            chunk = requests[lo:hi]
             with self._finite_weights():
                 decoded = greedy_decode(
-                    self.backend.decoder(max_new_tokens),
-                    contexts[lo : lo + self.max_decode_batch],
+                    self.backend.decoder(max(budgets[lo:hi])),
+                    contexts[lo:hi],
                     token_bytes=self.tokenizer.token_bytes,
                     stop_ids=self.tokenizer.stop_ids,
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=budgets[lo:hi],
                     banned=[request.banned for request in chunk],
                     ban_prefix=ban_prefix,
                     temperature=temperature,
-                    rngs=None if rngs is None else rngs[lo : lo + self.max_decode_batch],
+                    rngs=None if rngs is None else rngs[lo:hi],
                 )
             for request, d in zip(chunk, decoded, strict=True):
                 results.append(

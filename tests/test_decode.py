@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scorer_helpers import CountingFakeBackend, ScriptedDecoder
@@ -138,3 +140,50 @@ def test_token_bytes_spell_the_text_exactly(smollm_tokenizer):
     text = "Héllo wörld ✓ 日本\n\tprint('x')  <|im_end|>"
     ids = smollm_tokenizer.encode(text).ids
     assert b"".join(smollm_tokenizer.token_bytes[i] for i in ids) == text.encode()
+
+
+def test_each_context_stops_at_its_own_budget_and_the_ban_acts_at_its_own_last_step(smollm_tokenizer):
+    """Budgets 3 and 8 in one call: the ban's last-step rule applies to each context at its own last step."""
+    tok = smollm_tokenizer
+    hel, lo, world, wor = (_id(tok, p) for p in ("Hel", "lo", "Ġworld", "Ġwor"))
+    script = {(): [hel], (hel,): [lo], (hel, lo): [world, wor], (hel, lo, world): [tok.end_of_turn_id]}
+    decoder = ScriptedDecoder(tok.vocab_size, script, fallback=_id(tok, "."))
+    short, long_ = greedy_decode(decoder, [[1], [1]], token_bytes=tok.token_bytes, stop_ids=tok.stop_ids,
+                                 max_new_tokens=[3, 8], banned=[["Hello world"], ["Hello world"]])
+    # At its last step the short one may not complete the banned text; the long one may, then its end-of-turn is
+    # blocked and it goes on until its own budget.
+    assert (_text(tok, short), short.stopped_by, short.banned_steps) == ("Hello wor", MAX_TOKENS, 1)
+    assert _text(tok, long_).startswith("Hello world") and long_.stopped_by == MAX_TOKENS
+    assert len(long_.token_ids) == 8 and long_.banned_steps == 1
+    [alone] = _decode(tok, script, [["Hello world"]], max_new_tokens=3)
+    assert alone == short
+    with pytest.raises(ValueError, match="budgets"):
+        greedy_decode(decoder, [[1], [1]], token_bytes=tok.token_bytes, stop_ids=tok.stop_ids, max_new_tokens=[3])
+
+
+def test_mixed_budgets_in_one_call_equal_one_call_per_budget(smollm_tokenizer):
+    """Per-request budgets change nothing but the batching: tokens, stop reasons and banned mass are those of
+    decoding each budget's requests in their own call."""
+    scorer = Scorer(CountingFakeBackend(), smollm_tokenizer)
+    free = scorer.greedy([GreedyRequest(f"f{i}", m) for i, m in enumerate(CONTEXTS)], max_new_tokens=6)
+    requests = []
+    for k, budget in enumerate((2, 6, 4, 6, 3, 1)):
+        i = k % len(CONTEXTS)
+        # Ban the free completion's first `budget` tokens as text: the ban acts at the request's own last step.
+        banned = (smollm_tokenizer.decode(free[i].token_ids[:budget]),) if k % 2 else ()
+        requests.append(GreedyRequest(f"r{k}", CONTEXTS[i], banned=banned, max_new_tokens=budget))
+    together = scorer.greedy(requests, max_new_tokens=6)
+    separately = {}
+    for budget in {r.max_new_tokens for r in requests}:
+        group = [replace(r, max_new_tokens=None) for r in requests if r.max_new_tokens == budget]
+        separately.update({r.id: r for r in scorer.greedy(group, max_new_tokens=budget)})
+    assert any(r.banned_steps for r in together)
+    for request, result in zip(requests, together, strict=True):
+        alone = separately[request.id]
+        print(request.id, request.max_new_tokens, repr(result.text), result.stopped_by, result.banned_mass)
+        assert (result.token_ids, result.stopped_by, result.banned_mass, result.banned_steps) == \
+               (alone.token_ids, alone.stopped_by, alone.banned_mass, alone.banned_steps)
+        assert len(result.token_ids) <= request.max_new_tokens
+    # The call's max_new_tokens caps a request's own budget.
+    [capped] = scorer.greedy([GreedyRequest("c", CONTEXTS[0], max_new_tokens=50)], max_new_tokens=2)
+    assert capped.token_ids == free[0].token_ids[:2]
