@@ -307,7 +307,8 @@ class Scorer:
         equal to its banned texts
         (with `ban_prefix`, never starting with one); with temperature > 0, a sampled completion drawing from
         `rngs[i]` (one Generator per request). Each request decodes up to its own `max_new_tokens` if set, at most
-        the call's `max_new_tokens`; requests with different budgets share the decoder calls."""
+        the call's `max_new_tokens`; requests with different budgets share the decoder calls. A request's
+        `action_done` rule may end it early (stopped_by "action_done", see fastscore.decode)."""
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         contexts, budgets = [], []
@@ -340,6 +341,7 @@ class Scorer:
                     ban_prefix=ban_prefix,
                     temperature=temperature,
                     rngs=None if rngs is None else rngs[lo:hi],
+                    action_done=[request.action_done for request in chunk],
                 )
             for request, d in zip(chunk, decoded, strict=True):
                 results.append(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scorer_helpers import CountingFakeBackend, ScriptedDecoder
 
-from fastscore.decode import END_OF_TURN, MAX_TOKENS, greedy_decode
+from fastscore.decode import ACTION_DONE, END_OF_TURN, MAX_TOKENS, greedy_decode
 from fastscore.records import GreedyRequest, Message
 from fastscore.scorer import Scorer
 
@@ -187,3 +187,74 @@ def test_mixed_budgets_in_one_call_equal_one_call_per_budget(smollm_tokenizer):
     # The call's max_new_tokens caps a request's own budget.
     [capped] = scorer.greedy([GreedyRequest("c", CONTEXTS[0], max_new_tokens=50)], max_new_tokens=2)
     assert capped.token_ids == free[0].token_ids[:2]
+
+
+def _program_script(tok, then):
+    """Script: a closed python block, then the tokens `then`, each the only scripted choice."""
+    ids = list(tok.encode(PROGRAM).ids) + list(then)
+    return ids, {tuple(ids[:k]): [ids[k]] for k in range(len(ids))}
+
+
+PROGRAM = "```python\ndef f(x):\n    return x\n```"
+
+
+def _decode_with_rule(tok, script, rules, banned=None, max_new_tokens=40):
+    decoder = ScriptedDecoder(tok.vocab_size, script, fallback=_id(tok, "."))
+    out = greedy_decode(decoder, [[1]] * len(rules), token_bytes=tok.token_bytes, stop_ids=tok.stop_ids,
+                        max_new_tokens=max_new_tokens, banned=banned, action_done=rules)
+    return out, decoder.steps
+
+
+def test_after_a_closed_program_one_more_token_decides_action_done(smollm_tokenizer):
+    """(a) block + a token that is not a stop token: ACTION_DONE right there, where the rule-less decode rambles to
+    its end-of-turn; the same script decoded without the rule in the same call is untouched."""
+    from fastscore.study.envs.mbpp.env import program_written
+
+    tok = smollm_tokenizer
+    ids, script = _program_script(tok, [_id(tok, "Ċ"), _id(tok, "This"), _id(tok, "Ġworks"), tok.end_of_turn_id])
+    n_block = len(ids) - 4
+    (ruled, free), steps = _decode_with_rule(tok, script, [program_written, None])
+    assert (ruled.stopped_by, ruled.token_ids) == (ACTION_DONE, tuple(ids[: n_block + 1]))
+    assert (free.stopped_by, free.token_ids) == (END_OF_TURN, tuple(ids[:-1]))
+    [alone], alone_steps = _decode_with_rule(tok, script, [program_written])
+    assert alone == ruled and alone_steps == n_block  # decoding stopped there: no step after the extra token
+    print("steps with the rule", alone_steps, "without", steps)
+
+
+def test_a_closed_program_then_end_of_turn_is_end_of_turn(smollm_tokenizer):
+    """(b) block + the stop token: the same END_OF_TURN completion as without the rule."""
+    from fastscore.study.envs.mbpp.env import program_written
+
+    tok = smollm_tokenizer
+    ids, script = _program_script(tok, [tok.end_of_turn_id])
+    (ruled, free), _ = _decode_with_rule(tok, script, [program_written, None])
+    assert ruled == free and (ruled.stopped_by, ruled.token_ids) == (END_OF_TURN, tuple(ids[:-1]))
+
+
+def test_no_rule_never_stops_early_and_the_budget_still_binds(smollm_tokenizer):
+    """(c) without a rule (the tools environment's case) a closed block is just text; with one, a budget reached
+    before the block closes is MAX_TOKENS as before."""
+    from fastscore.study.envs.mbpp.env import program_written
+
+    tok = smollm_tokenizer
+    ids, script = _program_script(tok, [_id(tok, "Ċ"), _id(tok, "This"), tok.end_of_turn_id])
+    [free], _ = _decode_with_rule(tok, script, [None])
+    assert free.stopped_by == END_OF_TURN and free.token_ids == tuple(ids[:-1])
+    [cut], _ = _decode_with_rule(tok, script, [program_written], max_new_tokens=5)
+    assert cut.stopped_by == MAX_TOKENS and cut.token_ids == tuple(ids[:5])
+
+
+def test_the_rule_waits_while_a_ban_can_still_act_so_the_banned_mass_is_unchanged(smollm_tokenizer):
+    """Banned: the program itself. After it, whitespace keeps the text equal to the banned one, so the ban blocks
+    end-of-turn again; decoding stops only once the ban cannot act any more, with the mass of decoding to the end."""
+    from fastscore.study.envs.mbpp.env import program_written
+
+    tok = smollm_tokenizer
+    tail = [_id(tok, "Ċ"), _id(tok, "Ċ"), _id(tok, "This"), _id(tok, "Ġworks"), tok.end_of_turn_id]
+    ids, script = _program_script(tok, tail)
+    n_block = len(ids) - len(tail)
+    (ruled, free), _ = _decode_with_rule(tok, script, [program_written, None], banned=[[PROGRAM], [PROGRAM]])
+    print(ruled, free)
+    assert free.banned_steps == 3  # end-of-turn blocked after the block and after each newline
+    assert (ruled.banned_mass, ruled.banned_steps) == (free.banned_mass, free.banned_steps)
+    assert (ruled.stopped_by, ruled.token_ids) == (ACTION_DONE, tuple(ids[: n_block + 3]))

@@ -99,3 +99,43 @@ def test_an_item_too_long_to_decode_fails_alone(mbpp, smollm_tokenizer, tmp_path
     assert list(errors) == [long_.item_id] and errors[long_.item_id][0]["stage"] == "greedy"
     assert errors[long_.item_id][0]["reason"] == "context too long for the model"
     assert {r["item_id"] for r in rows} == {short.item_id}
+
+
+class MbppWithoutRule(MbppEnv):
+    """The MBPP environment decoding every completion to its end-of-turn or budget (the stage before the rule)."""
+
+    def action_done(self):
+        return None
+
+
+@pytest.mark.parametrize("after_block", ["end_of_turn", "rambles"])
+def test_the_mbpp_stop_rule_changes_no_metric(mbpp, smollm_tokenizer, tmp_path, after_block):
+    """Every condition's completion is the first item's failed program, then either end-of-turn (the model stops
+    anyway: identical rows) or a ramble (only the stored completion text is shorter; every metric, the ban's removed
+    mass included, is the same)."""
+    env, items = mbpp
+    tok = smollm_tokenizer
+    then = [tok.end_of_turn_id]
+    if after_block == "rambles":
+        then = [tok.encode(piece).ids[0] for piece in ("\n", "\n", "This", " works", ".")] + then
+    script = completion_script(tok, items[0].failed_action, then)
+    fallback = tok.encode(".").ids[0]
+    rows = {}
+    for name, environment in (("rule", env), ("no rule", MbppWithoutRule(env.data_dir))):
+        scorer = Scorer(ScriptedBackend(script, fallback), tok)
+        _, rows[name] = run_stages(tmp_path / name.replace(" ", "_"), environment, items, scorer)
+    assert len(rows["rule"]) == len(rows["no rule"]) == 2 * 8
+    changed: dict[str, set[str]] = {}
+    for ruled, free in zip(rows["rule"], rows["no rule"], strict=True):
+        diff = {k for k in ruled if ruled[k] != free[k]}
+        changed.setdefault(ruled["condition"], set()).update(diff)
+        if diff:
+            print(ruled["item_id"], ruled["condition"], repr(ruled["greedy"]), "vs", repr(free["greedy"]))
+    # Under the ban the model cannot end its turn after the banned program: there it talks on in either case.
+    stops_anyway = [c for c in changed if after_block == "end_of_turn" and c != "ban"]
+    assert all(changed[c] == set() for c in stops_anyway)
+    assert all(changed[c] <= {"greedy"} for c in changed)
+    assert any(changed[c] for c in changed)
+    mine = {r["condition"]: r for r in rows["rule"] if r["item_id"] == items[0].item_id}
+    assert mine["after"]["greedy_repeat"] == (after_block == "end_of_turn")
+    assert mine["ban"]["banned_mass"] > 0 and mine["after"]["greedy_repeat_program"]
