@@ -184,6 +184,9 @@ def test_mixed_budgets_in_one_call_equal_one_call_per_budget(smollm_tokenizer):
         assert (result.token_ids, result.stopped_by, result.banned_mass, result.banned_steps) == \
                (alone.token_ids, alone.stopped_by, alone.banned_mass, alone.banned_steps)
         assert len(result.token_ids) <= request.max_new_tokens
+    # Over several decoder calls (taken in budget order), the results are the same, in request order.
+    small_calls = Scorer(CountingFakeBackend(), smollm_tokenizer, max_decode_batch=2).greedy(requests, max_new_tokens=6)
+    assert small_calls == together
     # The call's max_new_tokens caps a request's own budget.
     [capped] = scorer.greedy([GreedyRequest("c", CONTEXTS[0], max_new_tokens=50)], max_new_tokens=2)
     assert capped.token_ids == free[0].token_ids[:2]
