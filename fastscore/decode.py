@@ -12,13 +12,21 @@ not even START with a banned text (the banned call followed by anything): every 
 text as a prefix is blocked at every step (`PrefixBan`). The probability mass the ban removed
 (softmax mass of the blocked tokens, summed over steps) and the number of steps at which it blocked anything are
 reported, so a caller can see how much the ban distorted the model's choice.
+
+Each context may have its own token budget (a context leaves the batch at its own limit; the ban's "final step" is
+that context's own last step) and an `action_done` rule: a predicate on the text generated so far saying the
+action is written (e.g. a closed fenced program). Once it holds, exactly one more token decides the completion: a stop
+token ends it as END_OF_TURN, as without the rule; any other token ends it as ACTION_DONE, since whatever the model
+would write next changes neither the action nor whether it ended its turn right after it. Only while a ban could
+still act on a longer text (the text, stripped, is still a prefix of a banned text) does decoding go on, so the
+reported banned mass is the one decoding to the end would give.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -29,6 +37,11 @@ from fastscore.backends.base import Decoder
 
 END_OF_TURN = "end_of_turn"
 MAX_TOKENS = "max_tokens"
+ACTION_DONE = "action_done"  # the action_done rule held and the next token was not a stop token
+
+# A predicate on the text generated so far (UTF-8, an incomplete last character replaced) that, once true, stays
+# true as the text grows: the action is written, what follows cannot change it.
+ActionDone = Callable[[str], bool]
 
 
 @dataclass(frozen=True)
@@ -36,7 +49,7 @@ class Decoded:
     """One greedy completion: its token ids (stop token excluded) and how the ban acted on it."""
 
     token_ids: tuple[int, ...]
-    stopped_by: str  # END_OF_TURN or MAX_TOKENS
+    stopped_by: str  # END_OF_TURN, MAX_TOKENS or ACTION_DONE
     banned_mass: float
     banned_steps: int
 
@@ -142,38 +155,64 @@ def _sample(logits: np.ndarray, temperature: float, rngs: Sequence[np.random.Gen
     return chosen
 
 
+def _budgets(max_new_tokens: int | Sequence[int], n: int) -> list[int]:
+    if isinstance(max_new_tokens, (int, np.integer)):
+        budgets = [int(max_new_tokens)] * n
+    else:
+        budgets = [int(b) for b in max_new_tokens]
+    if len(budgets) != n:
+        raise ValueError(f"{len(budgets)} token budgets for {n} contexts")
+    for budget in budgets:
+        if budget < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, not {budget}")
+    return budgets
+
+
+def _ban_may_act(text: bytes, banned: frozenset[bytes]) -> bool:
+    """Could a ban still block a token after `text` or any longer text? Only while the stripped text is a prefix of
+    a banned text: every later text, stripped, starts with this one stripped."""
+    head = text.strip()
+    return any(key.startswith(head) for key in banned)
+
+
 def greedy_decode(
     decoder: Decoder,
     contexts: Sequence[Sequence[int]],
     *,
     token_bytes: Sequence[bytes],
     stop_ids: Iterable[int],
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     banned: Sequence[Iterable[str]] | None = None,
     ban_prefix: bool = False,
     temperature: float = 0.0,
     rngs: Sequence[np.random.Generator] | None = None,
+    action_done: Sequence[ActionDone | None] | None = None,
 ) -> list[Decoded]:
-    """Greedy completions of all `contexts` at once, each until a stop token or `max_new_tokens` tokens.
+    """Greedy completions of all `contexts` at once, each until a stop token or its token budget.
 
-    `banned[i]` lists texts completion i may never equal. The decoder is closed when done.
+    `max_new_tokens`: one budget for all, or one per context. `banned[i]` lists texts completion i may never
+    equal. `action_done[i]` (optional): completion i's action rule (see the module docstring). The decoder is
+    closed when done.
     With `temperature` > 0 each completion is sampled instead, from softmax(logits / temperature), drawing from its
     own generator `rngs[i]` (one uniform draw per generated token), so a completion does not depend on which other
     contexts share the batch.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
+    n = len(contexts)
+    budgets = _budgets(max_new_tokens, n)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, not {temperature}")
     if temperature > 0 and (rngs is None or len(rngs) != len(contexts)):
         raise ValueError("sampling (temperature > 0) needs one numpy Generator per context in `rngs`")
-    n = len(contexts)
+    if action_done is not None and len(action_done) != n:
+        raise ValueError(f"{len(action_done)} action_done rules for {n} contexts")
     if n == 0:
         return []
     stop_set = set(int(i) for i in stop_ids)
     banned_keys = [
         frozenset(text.encode().strip() for text in (banned[i] if banned else ())) for i in range(n)
     ]
+    rules = list(action_done) if action_done is not None else [None] * n
+    armed = [False] * n  # the action_done rule held after an earlier token
     generated: list[list[int]] = [[] for _ in range(n)]
     texts = [b""] * n
     mass = [0.0] * n
@@ -184,14 +223,13 @@ def greedy_decode(
         make_ban = prefix_ban if ban_prefix else text_ban
         ban = make_ban(tuple(token_bytes), frozenset(stop_set), logits.shape[1]) if any(banned_keys) else None
         active = list(range(n))
-        for step in range(1, max_new_tokens + 1):
-            final = step == max_new_tokens
+        for step in range(1, max(budgets) + 1):
             if ban is not None:  # blocked entries are overwritten: never write into the decoder's buffer
                 logits = np.array(logits, dtype=np.float32, copy=True)
             for row, seq in enumerate(active):
                 if ban is None or not banned_keys[seq]:
                     continue
-                blocked = ban.blocked(texts[seq], banned_keys[seq], final)
+                blocked = ban.blocked(texts[seq], banned_keys[seq], step == budgets[seq])
                 if blocked.size:
                     mass[seq] += _softmax_mass(logits[row], blocked)
                     steps_banned[seq] += 1
@@ -207,7 +245,12 @@ def greedy_decode(
                     continue
                 generated[seq].append(token)
                 texts[seq] += token_bytes[token] if token < len(token_bytes) else b""
-                if not final:
+                if armed[seq] and not _ban_may_act(texts[seq], banned_keys[seq]):
+                    stopped[seq] = ACTION_DONE
+                    continue
+                if rules[seq] is not None and not armed[seq]:
+                    armed[seq] = rules[seq](texts[seq].decode("utf-8", errors="replace"))
+                if step < budgets[seq]:
                     still_active.append(seq)
                     next_tokens.append(token)
             active = still_active

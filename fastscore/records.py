@@ -7,6 +7,7 @@ The scorer sees chat messages and continuation text: `ScoreRequest` -> `ScoreRes
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -108,6 +109,10 @@ class GreedyRequest:
     banned: tuple[str, ...] = ()
     tools: tuple[Any, ...] = ()
     prompt: str | None = None  # raw text instead of messages: its continuation is decoded, no template involved
+    max_new_tokens: int | None = None  # this request's token budget (None: the call's; never more than the call's)
+    # The environment's "action written" rule (fastscore.decode.ActionDone): once it holds for the completion's text,
+    # one more token decides between END_OF_TURN and ACTION_DONE. None: decode to end-of-turn or the budget.
+    action_done: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -160,12 +165,12 @@ class CandidateSetResult:
 
 @dataclass(frozen=True)
 class GreedyResult:
-    """Greedy completion of one context, stopped at end-of-turn or the token limit."""
+    """Greedy completion of one context, stopped at end-of-turn, the token limit or its action_done rule."""
 
     id: str
     text: str
     token_ids: tuple[int, ...]
-    stopped_by: str  # "end_of_turn" or "max_tokens"
+    stopped_by: str  # "end_of_turn", "max_tokens" or "action_done" (see fastscore.decode)
     banned_mass: float = 0.0  # total probability mass the ban removed over the decoded steps (sum of removed p)
     banned_steps: int = 0  # decoding steps at which the ban removed any token
 

@@ -306,44 +306,54 @@ class Scorer:
         """Greedy completion of each context (rendered with a generation prompt; a raw-text prompt as it is), never
         equal to its banned texts
         (with `ban_prefix`, never starting with one); with temperature > 0, a sampled completion drawing from
-        `rngs[i]` (one Generator per request)."""
+        `rngs[i]` (one Generator per request). Each request decodes up to its own `max_new_tokens` if set, at most
+        the call's `max_new_tokens`; requests with different budgets share the decoder calls. Results are in request
+        order. A request's
+        `action_done` rule may end it early (stopped_by "action_done", see fastscore.decode)."""
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
-        contexts = []
+        contexts, budgets = [], []
         for request in requests:
+            budget = max_new_tokens if request.max_new_tokens is None else min(request.max_new_tokens, max_new_tokens)
+            if budget < 1:
+                raise RequestError(f"max_new_tokens must be >= 1, not {budget}", request_id=request.id)
             ids = (self.prompt_ids(request.prompt, request.id) if request.prompt is not None
                    else self.context_ids(request.messages, request.id, request.tools))
-            if len(ids) + max_new_tokens > self.backend.n_ctx:
+            if len(ids) + budget > self.backend.n_ctx:
                 raise ContextTooLongError(
-                    f"the context is {len(ids)} tokens; with {max_new_tokens} new tokens that is longer than the "
+                    f"the context is {len(ids)} tokens; with {budget} new tokens that is longer than the "
                     f"backend's context of {self.backend.n_ctx} tokens",
                     request_id=request.id,
                 )
             contexts.append(ids)
-        results: list[GreedyResult] = []
-        for lo in range(0, len(requests), self.max_decode_batch):
-            chunk = requests[lo : lo + self.max_decode_batch]
+            budgets.append(budget)
+        # Decoder calls take the requests in budget order (stably: an item's requests stay together), so a call
+        # that holds only short budgets ends early instead of stepping on for one long request.
+        order = sorted(range(len(requests)), key=budgets.__getitem__)
+        results: list[GreedyResult | None] = [None] * len(requests)
+        for lo in range(0, len(order), self.max_decode_batch):
+            idx = order[lo : lo + self.max_decode_batch]
+            chunk = [requests[i] for i in idx]
             with self._finite_weights():
                 decoded = greedy_decode(
-                    self.backend.decoder(max_new_tokens),
-                    contexts[lo : lo + self.max_decode_batch],
+                    self.backend.decoder(max(budgets[i] for i in idx)),
+                    [contexts[i] for i in idx],
                     token_bytes=self.tokenizer.token_bytes,
                     stop_ids=self.tokenizer.stop_ids,
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=[budgets[i] for i in idx],
                     banned=[request.banned for request in chunk],
                     ban_prefix=ban_prefix,
                     temperature=temperature,
-                    rngs=None if rngs is None else rngs[lo : lo + self.max_decode_batch],
+                    rngs=None if rngs is None else [rngs[i] for i in idx],
+                    action_done=[request.action_done for request in chunk],
                 )
-            for request, d in zip(chunk, decoded, strict=True):
-                results.append(
-                    GreedyResult(
-                        id=request.id,
-                        text=self.tokenizer.decode(d.token_ids),
-                        token_ids=d.token_ids,
-                        stopped_by=d.stopped_by,
-                        banned_mass=d.banned_mass,
-                        banned_steps=d.banned_steps,
-                    )
+            for i, request, d in zip(idx, chunk, decoded, strict=True):
+                results[i] = GreedyResult(
+                    id=request.id,
+                    text=self.tokenizer.decode(d.token_ids),
+                    token_ids=d.token_ids,
+                    stopped_by=d.stopped_by,
+                    banned_mass=d.banned_mass,
+                    banned_steps=d.banned_steps,
                 )
         return results

@@ -249,3 +249,27 @@ def test_items_are_the_same_under_either_isolation(synthetic):
         again, skipped_again = build_items(data_dir, limit=10, seed=3)
     assert [i.to_json() for i in again] == [i.to_json() for i in items]
     assert skipped_again == skipped
+
+
+def test_a_closed_python_block_fixes_the_program_whatever_follows(tmp_path):
+    """The MBPP stop rule: once program_written holds for a prefix of an answer, it holds for every longer prefix
+    and the program extracted from it is the whole answer's."""
+    from fastscore.study.envs.mbpp.env import program_written
+    from fastscore.study.envs.tools.env import ToolsEnv
+
+    answers = [
+        "Sure:\n```text\nnot code\n```\n```py\ndef f(x):\n    return x\n```\nThen:\n```python\nother = 1\n```\nok",
+        "```python\ndef f(x):\n    return x\n   ```\n\n```python\nnot this\n```",
+        "```\ndef f(x):\n    return x\n```\nand ```python\ndef g():\n    pass\n```",  # an unlabelled block first
+        "```python\n```\ndef f(x):\n    return x\n```",  # an empty-looking opening is not a closed block
+    ]
+    for answer in answers:
+        first = next(k for k in range(len(answer) + 1) if program_written(answer[:k]))
+        assert all(program_written(answer[:k]) for k in range(first, len(answer) + 1)), answer
+        assert all(extract_program(answer[:k]) == extract_program(answer) for k in range(first, len(answer) + 1))
+        assert answer[:first].endswith("```")
+    assert not program_written("```text\nx\n```") and not program_written("```python\nx = 1\n")
+    assert not program_written("```python\n```")
+    env = MbppEnv(tmp_path)
+    assert env.action_done() is program_written and ToolsEnv(tmp_path).action_done() is None
+    assert env.finished_action("```python\nx = 1\n```\n", "action_done")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from fastscore.decode import ACTION_DONE, END_OF_TURN, ActionDone
 from fastscore.errors import DataError
 from fastscore.records import Message
 from fastscore.study.items import Item, Skipped
@@ -85,8 +86,14 @@ class StudyEnv(abc.ABC):
         raise ValueError(f"{self.name} actions are programs, not tool calls")
 
     def finished_action(self, text: str, stopped_by: str) -> bool:
-        """Is a model's attempt a finished action? By default: it ended its turn (not cut off at the token cap)."""
-        return stopped_by == "end_of_turn"
+        """Is a model's attempt a finished action? By default: it ended its turn or its action_done rule held (not
+        cut off at the token cap)."""
+        return stopped_by in (END_OF_TURN, ACTION_DONE)
+
+    def action_done(self) -> ActionDone | None:
+        """The rule by which greedy decoding may stop once the action is written (see fastscore.decode): only where
+        nothing the model writes after it can change a metric. By default none: decode to end-of-turn or the cap."""
+        return None
 
     def same_action(self, text: str, failed_action: str) -> bool:
         """Does a completion reproduce the failed action? Text equality up to surrounding whitespace, as the

@@ -4,17 +4,19 @@ go to scores.jsonl.
 Decoding is done only where a completion is needed. On an exact backend, greedy decoding reproduces a scored
 candidate token for token exactly when each of its scored tokens (end-of-turn included) was the argmax in the scoring
 pass, so where a candidate's argmax chain is complete the completion is that candidate and nothing is decoded. The
-rest (no candidate's chain complete, the decoder ban, the model's own attempt) is decoded. On-policy items also get
-k sampled retries from the clean context (temperature 1.0, each from a generator seeded by the run's seed and the
-retry's id), budgeted to the failed action's length: a retry repeats it only by emitting exactly its tokens, then
-stopping.
+rest (no candidate's chain complete, the decoder ban, the model's own attempt) is decoded, each request up to its
+item's budget and, where the environment has one, its action_done rule (MBPP: one token after the closed program,
+ending as ACTION_DONE unless that token ends the turn; no metric reads what a model writes after it). On-policy items
+also get k sampled retries from the clean context (temperature 1.0, each from a generator seeded by the run's seed
+and the retry's id), budgeted to the failed action's length: a retry repeats it only by emitting exactly its tokens,
+then stopping.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -71,9 +73,9 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
                  after_item: Callable[[str, str], None] | None = None) -> None:
     """Complete every condition and append each item's ScoreRows to scores.jsonl.
 
-    Decoder calls hold fixed chunks of each environment's scored items (as in score_stage), one call per distinct
-    token budget (greedy_budget) in a chunk. An on-policy item's `before` completion is the model's own attempt it
-    was built from (see own_attempt), not decoded again.
+    Decoder calls hold fixed chunks of each environment's scored items (as in score_stage): one call per chunk, each
+    request with its item's own token budget (greedy_budget). An on-policy item's `before` completion is the model's
+    own attempt it was built from (see own_attempt), not decoded again.
     """
     lp = store.logprobs().load()
     err_log = store.item_errors()
@@ -101,6 +103,7 @@ def _complete_chunk(members, lp, scorer, env: StudyEnv, cap: int, plan: DecodePl
     results: dict[str, dict[str, GreedyResult]] = {i: {} for i in contexts}
     to_decode: dict[str, list[GreedyRequest]] = {i: [] for i in contexts}
     attempts = {item.item_id: own_attempt(item) for item in members}
+    action_done = env.action_done()
     for i, conds in contexts.items():
         for c in conds:
             if stands_for[i][c.condition] != c.condition:
@@ -114,16 +117,14 @@ def _complete_chunk(members, lp, scorer, env: StudyEnv, cap: int, plan: DecodePl
             if chain is not None:
                 results[i][c.condition] = chain
             else:
-                to_decode[i].append(c.greedy_request())
+                to_decode[i].append(replace(c.greedy_request(), max_new_tokens=budgets[i], action_done=action_done))
     decoded = {i: {r.id.rsplit("::", 1)[1] for r in reqs} for i, reqs in to_decode.items()}
-    failed: dict[str, Exception] = {}
-    for budget in sorted(set(budgets.values())):
-        requests = {i: reqs for i, reqs in to_decode.items() if budgets[i] == budget and reqs}
-        decode = lambda reqs, n=budget: scorer.greedy(reqs, max_new_tokens=n)  # noqa: E731
-        ok, bad = call_isolating(decode, requests, lambda r: r.id)
-        for i, got in ok.items():
-            results[i].update(by_condition(got))
-        failed.update(bad)
+    # One call for the whole chunk: each request stops at its own budget, so items of different budgets share the
+    # decoder's batches instead of each budget rebuilding the decoder for a few contexts.
+    decode = lambda reqs: scorer.greedy(reqs, max_new_tokens=cap)  # noqa: E731
+    ok, failed = call_isolating(decode, {i: reqs for i, reqs in to_decode.items() if reqs}, lambda r: r.id)
+    for i, got in ok.items():
+        results[i].update(by_condition(got))
     samples = _sampled_retries(members, lp, scorer, env, plan, failed) if plan.retries else {}
 
     def stored(item: Item) -> None:

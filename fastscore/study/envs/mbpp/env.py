@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from tqdm import tqdm
 
+from fastscore.decode import ActionDone
 from fastscore.errors import DataError
 from fastscore.study.datafile import read_json_objects
 from fastscore.study.hygiene import check_description
@@ -58,7 +59,9 @@ SUCCESS_MESSAGE = "All tests passed."
 NEUTRAL_MESSAGE = "Program received."
 DONT_REPEAT_INSTRUCTION = "Do not repeat the failed program."
 
-_FENCED = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
+# (language, code, closing fence or "" where the block runs to the end of the text)
+_FENCED = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(\n[ \t]*```|\Z)", re.DOTALL)
+_PYTHON = ("python", "py", "python3")
 _CLOSED_FENCE = re.compile(r"```[ \t]*[A-Za-z0-9_+-]*[ \t]*\n.*?\n[ \t]*```", re.DOTALL)
 _REQUIRED_KEYS = {"text": str, "code": str, "task_id": int, "test_list": list}
 
@@ -101,10 +104,17 @@ def extract_program(action_text: str) -> str:
     """
     text = action_text.replace("\r\n", "\n")
     blocks = _FENCED.findall(text)
-    chosen = next((code for lang, code in blocks if lang.lower() in ("python", "py", "python3")), None)
+    chosen = next((code for lang, code, _close in blocks if lang.lower() in _PYTHON), None)
     if chosen is None and blocks:
         chosen = blocks[0][1]
     return normalize_program(chosen if chosen is not None else text)
+
+
+def program_written(text: str) -> bool:
+    """Has the answer closed a ```python block? Then extract_program's choice is final: the blocks up to it are
+    closed and stay as they are whatever follows, and the first python block among them is the program."""
+    blocks = _FENCED.findall(text.replace("\r\n", "\n"))
+    return any(close and lang.lower() in _PYTHON for lang, _code, close in blocks)
 
 
 def _source_from_json(raw: object, path: Path, line_no: int) -> MbppSource:
@@ -314,7 +324,14 @@ class MbppEnv(StudyEnv):
     def finished_action(self, text: str, stopped_by: str) -> bool:
         """A closed fenced program is a finished action even if the model talked on after it: the item's failed
         action is that program in its canonical form, not the raw text."""
-        return stopped_by == "end_of_turn" or _CLOSED_FENCE.search(text.replace("\r\n", "\n")) is not None
+        closed = _CLOSED_FENCE.search(text.replace("\r\n", "\n")) is not None
+        return super().finished_action(text, stopped_by) or closed
+
+    def action_done(self) -> ActionDone:
+        """Decoding may stop one token after the answer closes a ```python block: what follows changes neither the
+        program extracted (program_written) nor whether the model ended its turn right after the block (the
+        token-exact repeat of the failed action, whose scored form is the block and end-of-turn)."""
+        return program_written
 
     def same_action(self, text: str, failed_action: str) -> bool:
         """Programs compare as the extracted program in its canonical fenced form."""
