@@ -16,6 +16,7 @@ from fastscore.study.conditions import (
 )
 from fastscore.study.metrics import POOLED
 from fastscore.study.report_control import cell as _cell
+from fastscore.study.report_control import ci_pct as _ci_pct
 from fastscore.study.report_control import copy_control_section, delta_reading, kinds_section, pooled_section
 from fastscore.study.report_control import num as _num
 from fastscore.study.report_control import table as _table
@@ -85,7 +86,7 @@ def write_report(summary: dict[str, Any], out_dir: Path, meta: dict[str, Any]) -
         *([pooled_section(summary[POOLED])] if POOLED in summary else []),
         *filter(None, [sensitivity_section(summary)]),
     ]
-    marks = {**BY_CONSTRUCTION, **(BY_CONSTRUCTION_MODEL if meta.get("failure_source") == "model" else {})}
+    marks = construction_marks(meta.get("failure_source"))
     for env, env_summary in envs.items():
         parts.append(_env_section(env, env_summary, marks))
     parts.append(_plots(out_dir))
@@ -106,8 +107,6 @@ def _conventions() -> str:
         "of an environment, so paired quantities stay paired. Items lacking a condition are excluded pairwise and "
         "n counts the items used. ⚠ marks a ratio whose denominator's CI includes 0 (the ratio is unstable)."
     )
-
-
 
 
 def _run_parameters(meta: dict[str, Any]) -> str:
@@ -149,10 +148,6 @@ def _items(summary: dict[str, Any], skipped: dict[str, dict[str, int]]) -> str:
     else:
         text += "\n\nNo source record was skipped."
     return text
-
-
-
-
 
 
 def _short_reason(reason: str | None) -> str | None:
@@ -354,32 +349,42 @@ def report_meta(config, weights: str, skipped: Sequence[Skipped], errors: Sequen
     }
 
 
-def headline(outcome) -> list[str]:
-    """A few lines for the terminal: the main numbers of each environment and the measured time."""
+def construction_marks(failure_source: str | None) -> dict[tuple[str, str], str]:
+    """(condition, metric) -> why its value holds by construction under this failure source (then it is not shown)."""
+    return {**BY_CONSTRUCTION, **(BY_CONSTRUCTION_MODEL if failure_source == "model" else {})}
+
+
+def headline(outcome, failure_source: str | None = None) -> list[str]:
+    """A few lines for the terminal: each environment's main numbers as `mean [95% CI] (n)`, the same cells as the
+    report's (Wilson intervals for shares), and the measured time. `failure_source` is the run's (--failures); a run
+    over both sources carries one outcome per source instead."""
     if outcome.by_source:
         lines = []
         for source, sub in outcome.by_source.items():
-            lines += [f"[{source}] {line}" for line in headline(sub)]
+            lines += [f"[{source}] {line}" for line in headline(sub, source)]
         lines.append(f"measured time, both failure sources: {outcome.total_seconds:.0f} s")
         return lines
+    if failure_source is None:
+        raise TypeError("headline: a single-source outcome needs its failure source (what holds by construction "
+                        "depends on it)")
+    marks = construction_marks(failure_source)
     lines = []
     for env, s in outcome.summary.items():
         if env == POOLED:
             continue
         conds = s["conditions"]
-        after, before = conds.get("after", {}), conds.get("before", {})
+        after, before = conds.get("after", {}), conds.get(REFERENCE, {})
         parts = [f"{env}: {s['n_items']} items"]
         if "gain" in after:
-            g, t = after["gain"], after["gain_per_token"]
-            parts.append(f"G(after) = {g['mean']:.2f} nats [{_ci(g)}], {t['mean']:.3f} nats/token")
-            parts.append(f"share G<0 = {after['share_negative']['mean']:.0%}")
+            parts.append(f"G(after) = {_cell(after['gain'])} nats, {_cell(after.get('gain_per_token'))} nats/token")
+            parts.append(f"share G<0 = {_cell(after.get('share_negative'))} (Wilson)")
             if "delta_gain" in after:
-                d = after["delta_gain"]
-                parts.append(f"ΔG = G(failed) - G(correct) = {d['mean']:.2f} nats [{_ci(d)}]")
-        if "p_repeat" in before and "p_repeat" in after:
-            parts.append(f"P(repeat) {before['p_repeat']['mean']:.2f} -> {after['p_repeat']['mean']:.2f}")
-        if "greedy_repeat" in before and "greedy_repeat" in after:
-            parts.append(f"greedy repro {before['greedy_repeat']['mean']:.0%} -> {after['greedy_repeat']['mean']:.0%}")
+                parts.append(f"ΔG = G(failed) - G(correct) = {_cell(after['delta_gain'])} nats")
+        for key, label in (("p_repeat", "P(repeat)"), ("greedy_repeat", "greedy repro (Wilson)")):
+            if key in before and key in after:
+                # Under the model's own failures the failed action IS the greedy completion of `before`.
+                shown = f"not applicable ({marks[REFERENCE, key]})" if (REFERENCE, key) in marks else _cell(before[key])
+                parts.append(f"{label} {shown} -> {_cell(after[key])}")
         lines.append("; ".join(parts))
     stages = ", ".join(f"{k} {v:.0f} s" for k, v in outcome.stage_seconds.items())
     lines.append(f"measured time: {outcome.total_seconds:.0f} s ({stages})")
@@ -388,11 +393,3 @@ def headline(outcome) -> list[str]:
     if outcome.n_item_errors:
         lines.append(f"{outcome.n_item_errors} item(s) could not be scored; reasons in the report")
     return lines
-
-
-def _ci_pct(est: dict[str, Any]) -> str:
-    return "n/a" if est.get("lo") is None else f"{100 * est['lo']:.0f}, {100 * est['hi']:.0f}%"
-
-
-def _ci(est: dict[str, Any]) -> str:
-    return "n/a" if est.get("lo") is None else f"{est['lo']:.2f}, {est['hi']:.2f}"

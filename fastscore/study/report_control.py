@@ -22,6 +22,11 @@ def cell(entry: dict[str, Any] | None, reason: str | None = None) -> str:
     return f"{num(entry['mean'])} {ci} ({entry['n']}){flag}"
 
 
+def ci_pct(est: dict[str, Any]) -> str:
+    """A share's CI in percent: `lo, hi%`."""
+    return "n/a" if est.get("lo") is None else f"{100 * est['lo']:.0f}, {100 * est['hi']:.0f}%"
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fastscore.study.report_control import cell, ci_pct
 from fastscore.study.sensitivity import CHECKS, NOT_APPLICABLE
 
 HEADING = "## Sensitivity: harness realism"
@@ -30,17 +31,46 @@ def _row(group: str, check: str, entry: dict[str, Any]) -> str:
             + (", ".join(f"{n}: {r}" for r, n in entry["not_applicable_reasons"].items()) or "none") + " |")
 
 
-def _reading(group: str, check: str, entry: dict[str, Any]) -> str | None:
-    if NOT_APPLICABLE in entry:
-        return None
-    change = entry["gain_per_token"]["change"]
-    if change.get("lo") is None:
-        return None
-    if change["lo"] > 0 or change["hi"] < 0:
-        verdict = f"moves G/token by {_est(change)}: the headline depends on it"
+def _counted(reasons: dict[str, int]) -> str:
+    return "; ".join(f"{reason} ({n} items)" for reason, n in reasons.items()) or "no item"
+
+
+def _relative(est: dict[str, Any]) -> str:
+    ratio = est.get("relative_change")
+    if ratio is None:
+        return "not defined as a share (the study's value is 0)"
+    if ratio.get("lo") is None or ratio["lo"] <= 0 <= ratio["hi"]:
+        size = "no resolved change (the CI includes 0)" if ratio.get("lo") is not None else "no CI"
+    else:  # a change of the study's sign shrinks it (below -100%: past 0, the sign flips); the same sign grows it
+        size = "its sign flips" if ratio["mean"] < -1 else "its size shrinks" if ratio["mean"] < 0 else "its size grows"
+    flag = "; unstable: the study's CI includes 0" if ratio.get("unstable") else ""
+    return f"{100 * ratio['mean']:+.0f}% [{ci_pct(ratio)}] of the study's value, {size}{flag}"
+
+
+def _sign(check: dict[str, Any]) -> str:
+    """Whether the study's sign conclusion (G < 0: the record backfires) holds under the check."""
+    lo, hi = check.get("lo"), check.get("hi")
+    if check["mean"] >= 0:
+        verdict = "does not hold"
+    elif hi is not None and hi < 0:
+        verdict = "holds (its 95% CI excludes 0)"
     else:
-        verdict = f"leaves G/token where it was (change {_est(change)}, the CI includes 0)"
-    return f"- {group}, {NAMES[check]}: {verdict}."
+        verdict = "is not resolved (its 95% CI includes 0)" if lo is not None else "is not resolved (no CI)"
+    return f"the sign conclusion G < 0 {verdict} under the check: G/token = {cell(check)}"
+
+
+def _reading(group: str, check: str, entry: dict[str, Any]) -> str:
+    """In words: the change of the headline G/token (CI, n), as a % of the study's value, and whether G < 0 holds."""
+    head = f"- {group}, {NAMES[check]}:"
+    if NOT_APPLICABLE in entry:
+        return f"{head} not applicable, on every item: {_counted(entry['not_applicable_reasons'])}."
+    g, d = entry["gain_per_token"], entry["delta_gain_per_token"]
+    text = (f"{head} G/token changes by {cell(g['change'])} nats (study {cell(g['default'])}), "
+            f"{_relative(g)}; {_sign(g['check'])}. The copy control ΔG/token changes by {cell(d['change'])}, "
+            f"{_relative(d)}.")
+    if entry.get("n_not_applicable"):
+        text += f" Not applicable on {entry['n_not_applicable']} items: {_counted(entry['not_applicable_reasons'])}."
+    return text
 
 
 def sensitivity_section(summary: dict[str, Any]) -> str | None:
@@ -68,7 +98,5 @@ def sensitivity_section(summary: dict[str, Any]) -> str | None:
             if check in checks:
                 lines.append(_row(group, check, checks[check]))
                 readings.append(_reading(group, check, checks[check]))
-    readings = [r for r in readings if r]
-    if readings:
-        lines += ["", "Reading:", *readings]
+    lines += ["", "Reading (cells `mean [95% CI] (n)`; a share's CI in %):", *readings]
     return "\n".join(lines)

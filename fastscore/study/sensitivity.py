@@ -14,7 +14,8 @@ scored exactly as without the check):
   the environment's actions are programs (MBPP), or where a candidate has no structured form (a syntax error).
 
 Each is reported as a change on the headline, paired per item on the items where the check applies: G per token of
-the failed action, and the copy control ΔG per token = G(failed)/n(failed) - G(correct)/n(correct).
+the failed action, and the copy control ΔG per token = G(failed)/n(failed) - G(correct)/n(correct); each change also
+as a share of the study's value on the same items (mean change / mean study value, bootstrap CI).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from fastscore.study.conditions import record_messages
 from fastscore.study.envs.base import StudyEnv
 from fastscore.study.items import Item
 from fastscore.study.metrics import POOLED
-from fastscore.study.metrics_stats import bootstrap_ci, resample_indices
+from fastscore.study.metrics_stats import bootstrap_ci, ratio_ci, resample_indices
 
 CHECKS = ("record_role", "native_tools")
 DESCRIPTIONS = {
@@ -150,9 +151,13 @@ def _check_summary(gains: np.ndarray, deltas: np.ndarray, reasons: Counter, idx_
         return out
     idx = resample_indices(len(gains), n_boot, idx_seed)
     for name, pair in (("gain_per_token", gains), ("delta_gain_per_token", deltas)):
+        change = pair[:, 1] - pair[:, 0]
         out[name] = {"default": bootstrap_ci(pair[:, 0], idx).to_dict(),
                      "check": bootstrap_ci(pair[:, 1], idx).to_dict(),
-                     "change": bootstrap_ci(pair[:, 1] - pair[:, 0], idx).to_dict()}
+                     "change": bootstrap_ci(change, idx).to_dict()}
+        # The change as a share of the study's value, quoted in the Reading: a ratio, so with its CI (same resamples).
+        if pair[:, 0].mean() != 0.0:
+            out[name]["relative_change"] = ratio_ci(change, pair[:, 0], idx).to_dict()
     return out
 
 
