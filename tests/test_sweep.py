@@ -30,7 +30,7 @@ from fastscore.study.envs.tools.env import ToolsEnv
 from fastscore.sweep import grid
 from fastscore.sweep import items as sweep_items
 from fastscore.sweep.run import SweepConfig, run_sweep
-from fastscore.sweep.summary import sign_check, table_markdown
+from fastscore.sweep.summary import mark_by_construction, sign_check, table_markdown
 
 LIMIT = 3
 MAX_NEW = 6
@@ -86,11 +86,12 @@ def test_greedy_reproduction_before_is_not_applicable_under_the_model_s_own_fail
         conds = c["summary"]["conditions"]
         conds["before"] = {"greedy_repeat": _est(1.0, 0.84, 1.0)}
         conds["after"]["greedy_repeat"] = _est(0.05, 0.01, 0.24)
-        return {**c, "failures": failures, "summary": {**c["summary"], "n_items": 20}}
+        return {**c, "failures": failures, "summary": mark_by_construction({**c["summary"], "n_items": 20}, failures)}
 
     seeded, model = table_markdown({"cells": [cell("seeded"), cell("model")]}).splitlines()[2:]
-    assert "| 100% → 5% |" in seeded
-    assert "| not applicable (the model's own attempt) → 5% |" in model and "100%" not in model
+    assert "| 100% [84%, 100%] (n=20) → 5% [1%, 24%] (n=20) |" in seeded
+    assert "| not applicable (the model's own attempt: by construction) → 5% [1%, 24%] (n=20) |" in model
+    assert "100%" not in model
 
 
 # --- end to end on the tiny model ---

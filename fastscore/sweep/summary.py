@@ -15,6 +15,7 @@ from fastscore.conversion import standin
 from fastscore.outputs import write_text_atomic
 from fastscore.study.conditions import REMEDIES
 from fastscore.study.metrics import read_score_rows, summarize
+from fastscore.study.report import BY_CONSTRUCTION, BY_CONSTRUCTION_MODEL
 from fastscore.sweep.grid import Cell, Shard
 from fastscore.sweep.worker import shard_dir
 
@@ -53,8 +54,23 @@ def summarise_cells(out_dir: Path, shards_by_cell: dict[Cell, list[Shard]], skip
                                       "skipped.jsonl)")
             cells_out.append({**entry, "status": "empty", "reason": why})
             continue
-        cells_out.append({**entry, "status": "done", "summary": summarize(rows, seed=seed, n_boot=n_boot)[cell.env]})
+        summary = summarize(rows, seed=seed, n_boot=n_boot)[cell.env]
+        cells_out.append({**entry, "status": "done", "summary": mark_by_construction(summary, cell.failures)})
     return {"cells": cells_out, "sign_check": sign_check(cells_out)}
+
+
+def mark_by_construction(summary: dict[str, Any], failures: str) -> dict[str, Any]:
+    """The summary with every value that holds by construction (the study report's own table: the ban's zeros; under
+    the model's failures, its greedy outcomes before the record, which are its failed attempt) moved out of the
+    estimates into the condition's `not_applicable`, with the reason: summary.json must not store them as measured."""
+    marks = {**BY_CONSTRUCTION, **(BY_CONSTRUCTION_MODEL if failures == "model" else {})}
+    conditions = {cond: dict(entry) for cond, entry in summary.get("conditions", {}).items()}
+    for (cond, key), why in marks.items():
+        entry = conditions.get(cond)
+        if entry is not None and key in entry:
+            del entry[key]
+            entry["not_applicable"] = {**entry.get("not_applicable", {}), key: why}
+    return {**summary, "conditions": conditions}
 
 
 def _est(summary: dict[str, Any], *path: str) -> dict[str, Any] | None:
@@ -109,27 +125,29 @@ def model_label(model: str) -> str:
 
 
 def _fmt(est: dict[str, Any] | None, pct: bool = False) -> str:
+    """mean [95% CI] (n=N), as the study report gives them; ⚠ marks a ratio whose denominator's CI includes 0."""
     if est is None:
         return "n/a"
     f = (lambda x: f"{x:.0%}") if pct else (lambda x: f"{x:.3f}")
-    ci = "" if est.get("lo") is None else f" [{f(est['lo'])}, {f(est['hi'])}]"
-    return f"{f(est['mean'])}{ci}"
+    ci = "[n/a]" if est.get("lo") is None else f"[{f(est['lo'])}, {f(est['hi'])}]"
+    return f"{f(est['mean'])} {ci} (n={est['n']})" + (" ⚠" if est.get("unstable") else "")
 
 
-def _arrow(s: dict[str, Any], metric: str, pct: bool, before_fixed: str | None = None) -> str:
-    """before → after; `before_fixed` says why the before value holds by construction (then it is not shown)."""
+def _arrow(s: dict[str, Any], metric: str, pct: bool) -> str:
+    """before → after, each with its interval and n; a before value that holds by construction (see
+    mark_by_construction) reads 'not applicable' with the reason: an interval around it would read as a measurement."""
     before, after = _est(s, "conditions", "before", metric), _est(s, "conditions", "after", metric)
-    if before is None or after is None:
+    fixed = s.get("conditions", {}).get("before", {}).get("not_applicable", {}).get(metric)
+    if after is None or (before is None and not fixed):
         return "n/a"
-    f = (lambda x: f"{x:.0%}") if pct else (lambda x: f"{x:.2f}")
-    shown = f"not applicable ({before_fixed})" if before_fixed else f(before["mean"])
-    return f"{shown} → {f(after['mean'])}"
+    shown = f"not applicable ({fixed})" if fixed else _fmt(before, pct)
+    return f"{shown} → {_fmt(after, pct)}"
 
 
 def table_markdown(result: dict[str, Any]) -> str:
-    header = ["model", "variant", "env", "failures", "n", "G/token (after) [95% CI]", "share G<0",
-              "P(repeat) before → after", "greedy repro before → after", "surface share",
-              *[f"{r} removes" for r in REMEDIES]]
+    header = ["model", "variant", "env", "failures", "n", "G/token (after)", "share G<0 (Wilson)",
+              "P(repeat) before → after", "greedy repro before → after (Wilson)", "surface share (ratio)",
+              *[f"{r} removes (ratio)" for r in REMEDIES]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in result["cells"]:
         head = [model_label(c["model"]), c["variant"], c["env"], c["failures"]]
@@ -146,9 +164,7 @@ def table_markdown(result: dict[str, Any]) -> str:
             remedies.append(_fmt(est, pct=True) if est else f"not applicable ({reason})" if reason else "n/a")
         lines.append("| " + " | ".join(head + [
             str(s["n_items"]), _fmt(_g(c)), _fmt(_est(s, "conditions", "after", "share_negative"), pct=True),
-            _arrow(s, "p_repeat", False),
-            # Under model failures the failed action is the greedy completion of `before` itself.
-            _arrow(s, "greedy_repeat", True, "the model's own attempt" if c["failures"] == "model" else None),
+            _arrow(s, "p_repeat", False), _arrow(s, "greedy_repeat", True),
             _fmt(_est(s, "decomposition", "surface_share"), pct=True), *remedies]) + " |")
     return "\n".join(lines)
 
@@ -171,7 +187,11 @@ def write_summary(out_dir: Path, result: dict[str, Any], meta: dict[str, Any],
     skipped = [c for c in result["cells"] if c["status"] == "skipped"]
     intro = (f"Command: `{meta['command']}`. Seed {meta['seed']}; items per cell: {meta['limit']}; shards of "
              f"{meta['shard_size']} items; ran {meta['ran_on']}. Each cell's rows are pooled over its shards and "
-             "summarised by the study's own metrics (percentile bootstrap over items, 95%). G is the corrective gain "
+             "summarised by the study's own metrics. Each value reads mean [95% CI] (n=items): shares of items "
+             "(share G<0, greedy reproduction) carry a Wilson score interval, means and ratios of means (G, "
+             "P(repeat), surface share, share removed) a percentile bootstrap over items; ⚠ marks a ratio whose "
+             "denominator's CI includes 0. A value that holds by construction reads 'not applicable'. "
+             "G is the corrective gain "
              "of the `after` condition against `before`; P(repeat) is the failed action's probability within the "
              "fixed candidate set. Under `model` failures a cell's items are the examined sources the model failed.")
     if meta.get("versions"):

@@ -1,0 +1,80 @@
+"""`score` and `compare`: scoring request files and comparing two of their outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from fastscore.cli.app import BACKEND_HELP, MODEL_HELP, QUANT_HELP, command_line, friendly, main
+
+
+@main.command()
+@click.argument("requests", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path))
+@click.option("--model", default=None, help=MODEL_HELP)
+@click.option("--backend", default="llamacpp", show_default=True, help=BACKEND_HELP)
+@click.option("--quant", default=None, help=QUANT_HELP)
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              help="Output JSONL ('-': stdout). Written as OUT.partial, renamed to OUT once complete.")
+@click.option("--generate", is_flag=True, help="Also decode a greedy reply per request (honouring 'banned').")
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A local HF checkpoint folder to use instead of the hub.")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
+@click.option("--exclude-end-of-turn", is_flag=True, help="Score the continuation without the end-of-turn token.")
+@click.option("--chunk-size", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Requests per scorer call (output streams chunk by chunk).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run from OUT.partial (same options required).")
+@click.option("--on-error", default="stop", show_default=True, type=click.Choice(["stop", "skip"]),
+              help="At a bad request line: stop, or skip it and list it with its reason in OUT.skipped.jsonl.")
+@click.option("--backend-option", "backend_option", multiple=True, metavar="KEY=VALUE",
+              help="A typed backend option, repeatable (e.g. kv_type=f16, flash_attn=on for llamacpp; "
+                   "share_prefixes=false for onnx).")
+@click.option("--n-ctx", default=None, type=click.IntRange(min=16),
+              help="llama.cpp context size in tokens (default 4096; the same as --backend-option n_ctx=N).")
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Also write the K most likely tokens (id, text, log-prob) at every scored position.")
+@click.option("--format", "out_format", default="jsonl", show_default=True,
+              type=click.Choice(["jsonl", "parquet", "csv"]),
+              help="OUT's format: nested JSONL, or one row per candidate as Parquet (pyarrow: the `parquet` extra) "
+                   "or CSV (lists as JSON); a table is converted from OUT.jsonl, which is kept beside it.")
+@click.option("--ban", "ban", default="exact", show_default=True, type=click.Choice(["exact", "prefix"]),
+              help="With --generate: a completion may not equal a 'banned' text (exact) or not even start with one "
+                   "(prefix).")
+@friendly
+def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_path, threads, exclude_end_of_turn,
+          chunk_size, resume, on_error, backend_option, n_ctx, top_k, out_format, ban) -> None:
+    """Score each candidate continuation of every request in REQUESTS (JSONL, '-': stdin) and write OUT, with the
+    run's metadata (model, backend, quant, weights, versions, tokenizer hash, command) in OUT.meta.json."""
+    from fastscore.score_run import run_score
+
+    run = run_score(requests, out, model=model, backend=backend, quant=quant, hf_path=hf_path, threads=threads,
+                    include_end_of_turn=not exclude_end_of_turn, backend_options=backend_option, n_ctx=n_ctx,
+                    top_k=top_k, out_format=out_format, ban_prefix=ban == "prefix", generate=generate,
+                    max_new_tokens=max_new_tokens, chunk_size=chunk_size, resume=resume, on_error=on_error,
+                    command=command_line())
+    summary = run.summary
+    resumed = f", {summary.n_resumed} already done" if summary.n_resumed else ""
+    skipped = f"; {summary.n_skipped} bad lines skipped, listed in {summary.skipped_file}" if summary.n_skipped else ""
+    click.echo(f"scored {summary.n_requests} requests ({summary.n_candidates} candidates{resumed}) with {run.model} "
+               f"[{backend}, {run.quant}; {run.weights_note}] -> {summary.out}{skipped}", err=True)
+
+
+@main.command()
+@click.argument("run_a", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("run_b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the comparison as JSON to this file.")
+@friendly
+def compare(run_a, run_b, json_out) -> None:
+    """Compare two `score` outputs of the same requests: per-token and per-candidate differences, argmax changes
+    and sign flips of candidate contrasts (B - A)."""
+    from fastscore import outputs
+    from fastscore.compare import compare_files
+
+    comparison = compare_files(run_a, run_b)
+    for line in comparison.lines():
+        click.echo(line)
+    if json_out is not None:
+        outputs.write_text_atomic(json_out, json.dumps(comparison.to_dict(), indent=1) + "\n")
