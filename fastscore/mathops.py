@@ -120,11 +120,17 @@ def top_k_logprobs(logits_rows: np.ndarray, targets: np.ndarray, rows: np.ndarra
     return top.astype(np.int64), values - lse[:, None]
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval of a proportion (95% by default); (0, 1) when n is 0."""
+def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of `successes` in `n` trials (95% by default); (0, 1) when n is 0."""
     if n <= 0:
         return 0.0, 1.0
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.5 + level / 2.0)
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+    # Clamped at the exact ends: at 0 (n) successes the lower (upper) bound is 0 (1) up to rounding.
+    lo = 0.0 if successes == 0 else max(0.0, float(centre - half))
+    hi = 1.0 if successes == n else min(1.0, float(centre + half))
+    return lo, hi

@@ -62,7 +62,7 @@ def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_e
         max_new_tokens=max_new_tokens, hf_path=hf_path, threads=threads, sandbox=sandbox, sensitivity=sensitivity,
     )  # fmt: skip
     outcome = run_study(config, progress=True)
-    for line in headline(outcome):
+    for line in headline(outcome, config.failures):
         click.echo(line)
     click.echo(f"results in {outcome.out_dir}/ (report.md, summary.json, scores.jsonl, plots)")
 

@@ -12,6 +12,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from fastscore.errors import DataError
+from fastscore.mathops import wilson_interval  # noqa: F401  (re-exported: the study modules import it from here)
 
 CI_LEVEL = 0.95
 
@@ -121,18 +122,6 @@ def wilson_ci(values: np.ndarray, level: float = CI_LEVEL) -> Estimate:
     k = int(v.sum())
     lo, hi = wilson_interval(k, n, level)
     return Estimate(k / n, lo, hi, n, note="Wilson score interval")
-
-
-def wilson_interval(k: int, n: int, level: float = CI_LEVEL) -> tuple[float, float]:
-    """The Wilson score interval of k successes in n trials."""
-    from statistics import NormalDist
-
-    z = NormalDist().inv_cdf(0.5 + level / 2.0)
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    # Clamped at the exact ends: at k = 0 (k = n) the lower (upper) bound is 0 (1) up to rounding.
-    return (0.0 if k == 0 else max(0.0, centre - half)), (1.0 if k == n else min(1.0, centre + half))
 
 
 def odds_factor(per_token_gain: Estimate) -> Estimate:
