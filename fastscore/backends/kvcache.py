@@ -106,7 +106,35 @@ class KVCacheBackend(Backend):
         return PlanDecoder(self, max_new_tokens)
 
 
-class PlanDecoder(Decoder):
+class GroupedDecoder(Decoder):
+    """What the KV-cache decoders share: contexts started in groups (one KV cache each), each step's sequences routed
+    to their group. A subclass sets `group_of` (context -> group index) in start()."""
+
+    def __init__(self, backend, reserve: int) -> None:
+        self.backend, self.reserve = backend, reserve  # reserve: the most tokens any context will generate
+        self.group_of: list[int] = []
+        self.next_pos: list[int] = []
+        self.n_vocab = 0
+
+    def _begin(self, contexts: Sequence[Sequence[int]]) -> None:
+        self.close()
+        self.backend._require_open()
+        self.backend.check_context(contexts)
+
+    def _by_group(self, active: Sequence[int], tokens: Sequence[int]) -> dict[int, list[int]]:
+        """Positions in `active` of each group's sequences (misuse raises ValueError, as the Decoder contract says)."""
+        if not self.group_of:
+            raise ValueError("step() before start()")
+        check_step(active, tokens)
+        by_group: dict[int, list[int]] = {}
+        for k, a in enumerate(active):
+            if not 0 <= a < len(self.group_of):
+                raise ValueError(f"sequence {a} was not started in this decoder")
+            by_group.setdefault(self.group_of[a], []).append(k)
+        return by_group
+
+
+class PlanDecoder(GroupedDecoder):
     """Greedy decoding on a KVCacheBackend: prefill shares prefixes, each step is one forward per KV cache.
 
     Contexts are grouped by at most decode_group_tokens() prefill tokens and n_seq_max sequences; each group gets
@@ -115,18 +143,15 @@ class PlanDecoder(Decoder):
     """
 
     def __init__(self, backend: KVCacheBackend, max_new_tokens: int) -> None:
-        self.backend, self.reserve = backend, max_new_tokens
+        super().__init__(backend, max_new_tokens)
         self.plan: DecodePlan | None = None
         self.sessions: list[Session] = []
-        self.next_pos: list[int] = []
-        self.n_vocab = 0
 
     def start(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
-        self.close()
+        self._begin(contexts)
         backend = self.backend
-        backend._require_open()
-        backend.check_context(contexts)
         self.plan = DecodePlan(contexts, backend.decode_group_tokens(), backend.n_seq_max)
+        self.group_of = [g for g, _ in self.plan.slot]
         out = np.zeros((0, 0), dtype=np.float32) if not contexts else None
         for g, group in enumerate(self.plan.groups):
             cells = group.n_tokens + self.reserve * len(group.owners)
@@ -145,14 +170,8 @@ class PlanDecoder(Decoder):
         return out
 
     def step(self, active: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
-        if self.plan is None:
-            raise ValueError("step() before start()")
-        check_step(active, tokens)
-        by_group: dict[int, list[int]] = {}
-        for k, a in enumerate(active):
-            if not 0 <= a < len(self.plan.slot):
-                raise ValueError(f"sequence {a} was not started in this decoder")
-            by_group.setdefault(self.plan.slot[a][0], []).append(k)
+        by_group = self._by_group(active, tokens)
+        assert self.plan is not None
         out = np.empty((len(active), self.n_vocab), dtype=np.float32)
         for g, ks in by_group.items():
             seqs = [active[k] for k in ks]
@@ -168,3 +187,4 @@ class PlanDecoder(Decoder):
             session.close()
         self.sessions = []
         self.plan = None
+        self.group_of = []

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastscore.backends.base import Decoder, check_step
-from fastscore.backends.kvcache import MeteredSession
+from fastscore.backends.kvcache import GroupedDecoder, MeteredSession
 from fastscore.backends.llamacpp_batch import ContextSettings, LlamaSession, new_context
 from fastscore.engine.plan import Batch, step_batch
 from fastscore.engine.trie import Node, Trie
@@ -93,7 +92,7 @@ class _Stream:
         self.stream_of = {member: k for k, member in enumerate(group.members)}
 
 
-class StreamDecoder(Decoder):
+class StreamDecoder(GroupedDecoder):
     """Greedy decoding with one KV stream per context: prefixes computed once and copied, steps attend per stream.
 
     `backend` supplies the model (`_L`, `_model`, `_buffer`, `n_vocab`), `decode_stream_settings(n)` and
@@ -101,19 +100,14 @@ class StreamDecoder(Decoder):
     """
 
     def __init__(self, backend, reserve: int) -> None:
-        self.backend, self.reserve = backend, reserve
+        super().__init__(backend, reserve)
         self.groups: list[_Stream] = []
-        self.where: list[tuple[int, int]] = []  # context -> (group, member index)
-        self.next_pos: list[int] = []
-        self.n_vocab = 0
 
     # --- prefill ---
 
     def start(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
-        self.close()
+        self._begin(contexts)
         backend = self.backend
-        backend._require_open()
-        backend.check_context(contexts)
         self.n_vocab = backend.n_vocab
         out = np.empty((len(contexts), self.n_vocab), dtype=np.float32)
         if not contexts:
@@ -121,10 +115,10 @@ class StreamDecoder(Decoder):
         lengths = [len(c) for c in contexts]
         order = sorted(range(len(contexts)), key=lambda i: tuple(contexts[i]))
         plan = stream_groups(lengths, order, self.reserve, backend.n_seq_max, backend.max_stream_cells())
-        self.where = [(-1, -1)] * len(contexts)
+        self.group_of = [-1] * len(contexts)
         for g, group in enumerate(plan):
-            for k, member in enumerate(group.members):
-                self.where[member] = (g, k)
+            for member in group.members:
+                self.group_of[member] = g
             self.groups.append(self._open(group))
             self._prefill(self.groups[-1], [contexts[i] for i in group.members], out)
         self.next_pos = lengths
@@ -165,19 +159,11 @@ class StreamDecoder(Decoder):
     # --- steps ---
 
     def step(self, active: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
-        if not self.groups:
-            raise ValueError("step() before start()")
-        check_step(active, tokens)
-        by_group: dict[int, list[int]] = {}
-        for k, a in enumerate(active):
-            if not 0 <= a < len(self.where):
-                raise ValueError(f"sequence {a} was not started in this decoder")
-            by_group.setdefault(self.where[a][0], []).append(k)
+        by_group = self._by_group(active, tokens)
         out = np.empty((len(active), self.n_vocab), dtype=np.float32)
         for g, ks in by_group.items():
             stream = self.groups[g]
-            members = [stream.group.members[self.where[active[k]][1]] for k in ks]
-            self._compact(stream, members)
+            self._compact(stream, [active[k] for k in ks])
             ks = sorted(ks, key=lambda k: stream.stream_of[active[k]])  # ascending stream ids: one micro-batch
             batch = step_batch([stream.stream_of[active[k]] for k in ks], [tokens[k] for k in ks],
                                [self.next_pos[active[k]] for k in ks])
@@ -204,7 +190,7 @@ class StreamDecoder(Decoder):
     def close(self) -> None:
         for stream in self.groups:
             stream.session.close()
-        self.groups, self.where = [], []
+        self.groups, self.group_of = [], []
 
 
 def _run_batch(node: Node, lo: int, hi: int, stream: int, want_last: bool) -> Batch:
