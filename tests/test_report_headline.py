@@ -58,3 +58,12 @@ def test_both_sources_each_say_what_holds_by_construction():
 def test_a_single_source_outcome_needs_its_failure_source():
     with pytest.raises(TypeError, match="failure source"):
         headline(_outcome())
+
+
+def test_the_pooled_estimate_has_its_own_line_with_intervals_and_n():
+    pooled = {"envs": ["tools", "mbpp"], "n_items": 40, "gain_per_token": _est(-1.19, -1.32, -1.07, 40),
+              "delta_gain_per_token": _est(-0.46, -0.63, -0.32, 40), "share_negative": _est(1.0, 0.912, 1.0, 40)}
+    lines = headline(_outcome({**SUMMARY, "pooled": pooled}), "seeded")
+    assert lines[1] == ("pooled (tools + mbpp): 40 items; G(after) = -1.190 [-1.320, -1.070] (40) nats/token; "
+                        "ΔG = -0.460 [-0.630, -0.320] (40) nats/token; share G<0 = 1.000 [0.912, 1.000] (40) (Wilson)")
+    assert not any(line.startswith("pooled") for line in headline(_outcome(), "seeded"))

@@ -18,6 +18,7 @@ from fastscore.study.metrics import POOLED
 from fastscore.study.report_control import cell as _cell
 from fastscore.study.report_control import ci_pct as _ci_pct
 from fastscore.study.report_control import copy_control_section, delta_reading, kinds_section, pooled_section
+from fastscore.study.report_control import pooled_line
 from fastscore.study.report_control import num as _num
 from fastscore.study.report_control import table as _table
 from fastscore.study.report_sensitivity import sensitivity_section
@@ -386,6 +387,8 @@ def headline(outcome, failure_source: str | None = None) -> list[str]:
                 shown = f"not applicable ({marks[REFERENCE, key]})" if (REFERENCE, key) in marks else _cell(before[key])
                 parts.append(f"{label} {shown} -> {_cell(after[key])}")
         lines.append("; ".join(parts))
+    if POOLED in outcome.summary:
+        lines.append(pooled_line(outcome.summary[POOLED]))
     stages = ", ".join(f"{k} {v:.0f} s" for k, v in outcome.stage_seconds.items())
     lines.append(f"measured time: {outcome.total_seconds:.0f} s ({stages})")
     if outcome.n_resumed:

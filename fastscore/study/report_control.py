@@ -103,6 +103,14 @@ def pooled_section(pooled: dict[str, Any]) -> str:
             + table(HEADLINE_HEADER, [headline_row(" + ".join(pooled.get("envs", [])), pooled)]))
 
 
+def pooled_line(pooled: dict[str, Any]) -> str:
+    """The terminal's line for the estimate pooled over environments (next to the per-environment lines)."""
+    return (f"pooled ({' + '.join(pooled.get('envs', []))}): {pooled.get('n_items', 0)} items; "
+            f"G(after) = {cell(pooled.get('gain_per_token'))} nats/token; "
+            f"ΔG = {cell(pooled.get('delta_gain_per_token'))} nats/token; "
+            f"share G<0 = {cell(pooled.get('share_negative'))} (Wilson)")
+
+
 def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], meta_lines: list[str]) -> str:
     """The top-level report of a run over several failure sources: the headline side by side, links to each."""
     rows = []
