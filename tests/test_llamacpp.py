@@ -279,6 +279,16 @@ def test_streams_match_unified_as_sequences_finish(f32, f32_unified):
     assert worst <= 1e-3
 
 
+def test_a_finished_stream_cannot_resume(f32):
+    contexts = decode_contexts(f32)[:3]
+    with f32.decoder(max_new_tokens=4) as decoder:
+        logits = decoder.start(contexts)
+        nxt = [int(np.argmax(r)) for r in logits]
+        decoder.step([0, 2], [nxt[0], nxt[2]])  # sequence 1 sits out: finished
+        with pytest.raises(ValueError, match="sequence 1 finished"):
+            decoder.step([0, 1], [nxt[0], nxt[1]])
+
+
 def test_stream_groups_fit_the_memory_budget(f32, f32_path):
     contexts = decode_contexts(f32)
     with load("llamacpp", f32_path, n_ctx=512, decode_memory_mb=40, **EXACT) as backend:

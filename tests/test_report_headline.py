@@ -67,3 +67,11 @@ def test_the_pooled_estimate_has_its_own_line_with_intervals_and_n():
     assert lines[1] == ("pooled (tools + mbpp): 40 items; G(after) = -1.190 [-1.320, -1.070] (40) nats/token; "
                         "ΔG = -0.460 [-0.630, -0.320] (40) nats/token; share G<0 = 1.000 [0.912, 1.000] (40) (Wilson)")
     assert not any(line.startswith("pooled") for line in headline(_outcome(), "seeded"))
+
+
+def test_a_percent_interval_never_prints_minus_zero():
+    from fastscore.study.report_control import ci_pct
+
+    assert ci_pct({"lo": -0.001, "hi": 0.03}) == "0, 3%"
+    assert ci_pct({"lo": -0.35, "hi": -0.06}) == "-35, -6%"
+    assert ci_pct({"lo": None}) == "n/a"

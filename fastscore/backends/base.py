@@ -23,8 +23,9 @@ class Decoder(abc.ABC):
     """Incremental next-token logits for a batch of sequences, for greedy decoding.
 
     `start` feeds the contexts (sharing their prefixes where the backend can) and returns the next-token logits
-    of each; `step` appends one token to each still-active sequence and returns their next logits. Misuse (a step
-    before start, mismatched lists, a sequence not started) raises ValueError in every backend.
+    of each; `step` appends one token to each still-active sequence and returns their next logits. A sequence left
+    out of a step is finished: it may not come back. Misuse (a step before start, mismatched lists, a sequence not
+    started) raises ValueError in every backend.
     """
 
     @abc.abstractmethod

@@ -176,8 +176,12 @@ class StreamDecoder(GroupedDecoder):
         """Move the live contexts on streams >= len(live) into the free streams below, so the live ones are exactly
         0..len(live)-1; finished contexts' streams are emptied."""
         L, mem = self.backend._L, stream.memory
+        gone = [m for m in live if m not in stream.stream_of]
+        if gone:  # its stream was emptied when it first sat out a step
+            raise ValueError(f"sequence {gone[0]} finished (it was left out of an earlier step) and cannot resume")
         used = {stream.stream_of[m] for m in live}
-        for member in [m for m in stream.stream_of if m not in set(live)]:
+        still = set(live)
+        for member in [m for m in stream.stream_of if m not in still]:
             L.llama_memory_seq_rm(mem, stream.stream_of.pop(member), -1, -1)
         holes = sorted(set(range(len(live))) - used)
         movers = sorted((m for m in live if stream.stream_of[m] >= len(live)), key=stream.stream_of.get)

@@ -24,7 +24,10 @@ def cell(entry: dict[str, Any] | None, reason: str | None = None) -> str:
 
 def ci_pct(est: dict[str, Any]) -> str:
     """A share's CI in percent: `lo, hi%`."""
-    return "n/a" if est.get("lo") is None else f"{100 * est['lo']:.0f}, {100 * est['hi']:.0f}%"
+    if est.get("lo") is None:
+        return "n/a"
+    lo, hi = (round(100 * est[k]) for k in ("lo", "hi"))  # ints: a bound just below 0 prints as 0, not -0
+    return f"{lo}, {hi}%"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
