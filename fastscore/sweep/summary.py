@@ -15,7 +15,7 @@ from fastscore.conversion import standin
 from fastscore.outputs import write_text_atomic
 from fastscore.study.conditions import REMEDIES
 from fastscore.study.metrics import read_score_rows, summarize
-from fastscore.study.report import BY_CONSTRUCTION, BY_CONSTRUCTION_MODEL
+from fastscore.study.report import construction_marks
 from fastscore.sweep.grid import Cell, Shard
 from fastscore.sweep.worker import shard_dir
 
@@ -63,7 +63,7 @@ def mark_by_construction(summary: dict[str, Any], failures: str) -> dict[str, An
     """The summary with every value that holds by construction (the study report's own table: the ban's zeros; under
     the model's failures, its greedy outcomes before the record, which are its failed attempt) moved out of the
     estimates into the condition's `not_applicable`, with the reason: summary.json must not store them as measured."""
-    marks = {**BY_CONSTRUCTION, **(BY_CONSTRUCTION_MODEL if failures == "model" else {})}
+    marks = construction_marks(failures)
     conditions = {cond: dict(entry) for cond, entry in summary.get("conditions", {}).items()}
     for (cond, key), why in marks.items():
         entry = conditions.get(cond)
