@@ -3,8 +3,8 @@
     python -m fastscore.bench.worker SPEC.json OUT.json
 
 SPEC: {"task": "sgemm" | "backend" | "e2e" | "greedy" | "convert", "model", "backend", "quant", "threads",
-"repeats", "workload": path, "backend_options" (optional: fields of the backend's options record), ...task options}. The parent sets the BLAS/OpenMP thread variables in this process's
-environment before numpy loads. OUT gets the task's figures plus "max_rss_bytes" (this process or any subprocess it
+"repeats", "workload": path, "backend_options" (optional: fields of the backend's options record), ...task options}.
+The parent sets the BLAS/OpenMP thread variables in this process's environment before numpy loads. OUT gets the task's figures plus "max_rss_bytes" (this process or any subprocess it
 waited for, e.g. llama.cpp's converter) and "cpu_seconds" (user + system, both).
 """
 

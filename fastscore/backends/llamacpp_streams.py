@@ -26,7 +26,6 @@ from fastscore.backends.kvcache import GroupedDecoder, MeteredSession
 from fastscore.backends.llamacpp_batch import ContextSettings, LlamaSession, new_context
 from fastscore.engine.plan import Batch, step_batch
 from fastscore.engine.trie import Node, Trie
-from fastscore.errors import BackendError
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +84,7 @@ def _meta(L, model, key: str) -> str:
 
 
 class _Stream:
-    """One group's llama context: which stream each member occupies and its next position."""
+    """One group's llama context, its KV memory and which stream each still-decoding member occupies."""
 
     def __init__(self, session, memory, group: StreamGroup, n_batch: int) -> None:
         self.session, self.memory, self.group, self.n_batch = session, memory, group, n_batch
@@ -127,7 +126,7 @@ class StreamDecoder(GroupedDecoder):
     def _open(self, group: StreamGroup) -> _Stream:
         backend, L = self.backend, self.backend._L
         settings: ContextSettings = backend.decode_stream_settings(len(group.members))
-        n_batch = max(settings.n_ubatch, len(group.members))
+        n_batch = settings.n_ubatch  # at least one token per stream: a step is one micro-batch
         ctx = new_context(L, backend._model, group.cells * len(group.members), n_batch, settings, unified=False)
         session = MeteredSession(LlamaSession(L, ctx, backend._buffer, self.n_vocab, owns_ctx=True), backend)
         session.clear()
@@ -202,8 +201,6 @@ def _run_batch(node: Node, lo: int, hi: int, stream: int, want_last: bool) -> Ba
     n = hi - lo
     outputs = np.zeros(n, dtype=bool)
     outputs[-1] = want_last
-    if n > 0 and stream < 0:
-        raise BackendError("a trie node without a stream")
     return Batch(tokens=np.asarray(node.tokens[lo:hi], dtype=np.int32),
                  positions=np.arange(node.start + lo, node.start + hi, dtype=np.int32), outputs=outputs,
                  runs=((0, n, np.array([stream], dtype=np.int32)),), n_seqs=stream + 1)

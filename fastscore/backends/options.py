@@ -38,7 +38,8 @@ class LlamaCppOptions:
     # over all cells of its group, so big groups waste attention and small ones recompute shared prefixes:
     # 1536 measured fastest overall (f32 40.5 s -> 26.5 s, q4_0 36.1 s -> 23.0 s vs 4096 on the bench workload).
     max_group_tokens: int = 1536
-    # decode_kv="unified": prefill tokens of one greedy-decoding cache (at least n_ctx; a bigger cache is prefilled in forwards of n_ctx).
+    # decode_kv="unified": prefill tokens of one greedy-decoding cache (at least n_ctx; a bigger cache is prefilled
+    # in forwards of n_ctx).
     # Fewer caches mean fuller steps (one forward per cache), but every step's attention then scans more cells:
     # 18 contexts in one cache of ~2,300 cells stepped in 5.5-8.7 s vs 2.1-3.1 s in two caches (llama.cpp f32, flash
     # attention, load average ~11 on 2 cores; measured by hand, 2 alternations), so the default keeps caches of n_ctx.
