@@ -82,6 +82,41 @@ def test_an_attempt_cut_off_at_the_token_cap_is_skipped_with_its_reason(study_da
     assert [s.reason for s in skipped] == ["the model's attempt was cut off at the token cap"] * 2
 
 
+def test_mbpp_attempts_stop_after_the_program_and_make_the_items_a_decode_to_the_cap_makes(study_data):
+    """The action_done rule only cuts what follows the program: on the exact type, the attempts make the same items
+    and skip the same sources for the same reasons as the same attempts decoded to the cap."""
+    from fastscore.session import open_scorer
+    from fastscore.study.envs.mbpp.env import MbppEnv
+    from fastscore.study.onpolicy import ModelFailureBuilder
+
+    class ToTheCap(MbppEnv):
+        def action_done(self):
+            return None
+
+    env, to_cap_env = MbppEnv(study_data), ToTheCap(study_data)
+    seeded = env.build_items(6, SEED)[0]
+    outcomes = {}
+    with open_scorer("smollm2-135m-instruct", "llamacpp", "f32", n_threads=2, progress=False) as scorer:
+        for name, e in (("stopped", env), ("to_cap", to_cap_env)):
+            skipped = []
+            made = list(ModelFailureBuilder(e, scorer, SEED, max_new_tokens=env.max_new_tokens)._attempts(seeded,
+                                                                                                       skipped))
+            outcomes[name] = made, [(s.source_id, s.reason) for s in skipped]
+    (stopped, stopped_skips), (to_cap, to_cap_skips) = outcomes["stopped"], outcomes["to_cap"]
+    print("skipped:", stopped_skips)
+    assert stopped_skips == to_cap_skips
+    shorter = 0
+    for a, b in zip(stopped, to_cap):
+        assert (a is None) == (b is None)
+        if a is None:
+            continue
+        assert (a.failed_action, a.candidates, a.error_message) == (b.failed_action, b.candidates, b.error_message)
+        ids_a, ids_b = a.meta["attempt"]["token_ids"], b.meta["attempt"]["token_ids"]
+        assert ids_b[: len(ids_a)] == ids_a
+        shorter += len(ids_a) < len(ids_b)
+    print("items:", sum(a is not None for a in stopped), "attempts cut short after their program:", shorter)
+
+
 def test_sampling_is_seeded_batch_independent_and_follows_the_softmax(smollm_tokenizer):
     scorer = Scorer(CountingFakeBackend(), smollm_tokenizer)
     context = (Message("user", "Name a colour."),)

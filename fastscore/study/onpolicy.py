@@ -107,7 +107,12 @@ class ModelFailureBuilder:
         return items, skipped
 
     def _attempts(self, seeded: Sequence[Item], skipped: list[Skipped]) -> Iterator[Item | None]:
-        requests = {item.item_id: [GreedyRequest(item.item_id, self.env.context_messages(item))]
+        # The environment's action_done rule (MBPP: one token after the closed program) ends an attempt where its
+        # action is decided: the program extracted and whether the turn ended right after it are what a decode to
+        # the cap would give, without the explanation a small model writes on after its program.
+        action_done = self.env.action_done()
+        requests = {item.item_id: [GreedyRequest(item.item_id, self.env.context_messages(item),
+                                                 action_done=action_done)]
                     for item in seeded}
         decode = lambda reqs: self.scorer.greedy(reqs, max_new_tokens=self.max_new_tokens)  # noqa: E731
         results, failed = call_isolating(decode, requests, lambda r: r.id)
