@@ -144,6 +144,34 @@ def test_sampling_is_seeded_batch_independent_and_follows_the_softmax(smollm_tok
         scorer.greedy(requests, max_new_tokens=2, temperature=1.0)
 
 
+def test_a_retry_stops_once_it_leaves_the_failed_action_and_repeats_exactly_when_a_full_sample_does(
+        smollm_tokenizer):
+    from fastscore.study.rows import reproduces
+    from fastscore.study.stages.decode import left_the_action
+
+    scorer = Scorer(CountingFakeBackend(), smollm_tokenizer)
+    context = (Message("user", "Name a colour."),)
+    failed = list(scorer.greedy([GreedyRequest("g", context)], max_new_tokens=4)[0].token_ids)
+    rule = left_the_action(failed, smollm_tokenizer.token_bytes)
+    assert not rule("") and not rule(smollm_tokenizer.decode(failed[:1])) and rule("\x00 surely not it")
+    n = 300
+    runs = {}
+    for name, done in (("full", None), ("stopped", rule)):
+        requests = [GreedyRequest(f"r{k}", context, action_done=done) for k in range(n)]
+        steps_before = scorer.backend.stats.computed_tokens
+        runs[name] = scorer.greedy(requests, max_new_tokens=len(failed), temperature=1.0,
+                                   rngs=[np.random.default_rng([5, k]) for k in range(n)])
+        runs[name + " tokens"] = scorer.backend.stats.computed_tokens - steps_before
+    repeats = 0
+    for full, stopped in zip(runs["full"], runs["stopped"]):
+        assert reproduces(full, failed, False) == reproduces(stopped, failed, False)
+        assert full.token_ids[: len(stopped.token_ids)] == stopped.token_ids
+        repeats += reproduces(full, failed, False)
+    print("repeats", repeats, "of", n, "tokens computed: full", runs["full tokens"], "stopped", runs["stopped tokens"])
+    assert 0 < repeats < n
+    assert runs["stopped tokens"] < runs["full tokens"]
+
+
 def test_the_argmax_chain_agrees_with_real_greedy_decoding_on_the_exact_type(study_data):
     """On llama.cpp f32 (exact), a candidate's scored tokens are all argmax exactly when greedy decoding emits it."""
     from fastscore.session import open_scorer

@@ -9,7 +9,7 @@ item's budget and, where the environment has one, its action_done rule (MBPP: on
 ending as ACTION_DONE unless that token ends the turn; no metric reads what a model writes after it). On-policy items
 also get k sampled retries from the clean context (temperature 1.0, each from a generator seeded by the run's seed
 and the retry's id), budgeted to the failed action's length: a retry repeats it only by emitting exactly its tokens,
-then stopping.
+then stopping, so a retry stops one token after its text leaves the failed action's.
 """
 
 from __future__ import annotations
@@ -62,6 +62,24 @@ def chain_completion(request_id: str, scored: dict[str, Any], tokenizer) -> Gree
             body = tuple(ids[:-1])
             return GreedyResult(id=request_id, text=tokenizer.decode(body), token_ids=body, stopped_by="end_of_turn")
     return None
+
+
+def left_the_action(failed_ids: Sequence[int], token_bytes: Sequence[bytes]) -> Callable[[str], bool]:
+    """An action_done rule for a sampled retry: true once the text generated is no longer a prefix of the failed
+    action's text. From then on no continuation can be the failed action's tokens, so nothing the sample would write
+    next changes whether it repeats it (the only thing a retry is read for); the decoder stops one token later.
+
+    The decoder hands the rule its bytes decoded with an incomplete last character replaced, so trailing
+    replacement characters are dropped before comparing: a retry halfway through a multi-byte character of the
+    failed action has not left it."""
+    failed_text = b"".join(token_bytes[t] for t in failed_ids if t < len(token_bytes)).decode("utf-8", "replace")
+    return lambda text: not failed_text.startswith(text.rstrip("\ufffd"))
+
+
+def _action_body(scored: dict[str, Any]) -> list[int]:
+    """The failed action's scored tokens without the end-of-turn token (which decoding emits as a stop, not text)."""
+    ids = list(scored["cand_token_ids"][0])
+    return ids[:-1] if scored.get("end_of_turn", True) else ids
 
 
 def retry_rng(seed: int, request_id: str) -> np.random.Generator:
@@ -146,9 +164,12 @@ def _sampled_retries(members: Sequence[Item], lp, scorer, env: StudyEnv, plan: D
     if not targets:
         return {}
     by_id = {item.item_id: item for item in members}
-    # The clean retry's context: the failed attempt and its error deleted, i.e. before's messages.
-    requests = {i: [GreedyRequest(f"{i}::{RETRY_CONDITION}#{k}", env.context_messages(by_id[i]))
-                    for k in range(plan.retries)] for i in targets}
+    token_bytes = scorer.tokenizer.token_bytes
+    # The clean retry's context: the failed attempt and its error deleted, i.e. before's messages. A retry whose text
+    # has left the failed action's is decided (not a repeat): it stops one token later (see left_the_action).
+    requests = {i: [GreedyRequest(f"{i}::{RETRY_CONDITION}#{k}", env.context_messages(by_id[i]),
+                                  action_done=left_the_action(_action_body(rec), token_bytes))
+                    for k in range(plan.retries)] for i, rec in targets.items()}
     # A retry can equal the failed action only by emitting its tokens and then stopping: no longer budget is needed.
     budget = max(max(rec["cand_n_tokens"][0] for rec in targets.values()) + 1, 2)
 
