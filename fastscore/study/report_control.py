@@ -173,7 +173,8 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
     return "\n\n".join([
         "# fastscore study: both failure sources side by side",
         *meta_lines,
-        "Seeded: one-edit mutations of the ground truth that the runtime / tests reject. Model: the model's own "
+        "Seeded: one-edit mutations of the ground truth (tools: or the ground truth written as prose instead of a "
+        "call) that the runtime / tests reject. Model: the model's own "
         "greedy attempt from the clean context, kept only when really rejected. Each source's full report: "
         + ", ".join(f"[{s}]({link})" for s, link in links.items()) + ".",
         "## Headline\n\n" + table(HEADLINE_HEADER, rows),

@@ -25,10 +25,9 @@ SEEDED_KINDS = (*MUTATION_KINDS, PROSE_KIND)
 PROSE_SHARE = 0.5
 SEEDED_MIX = (
     f"each item's failed action is prose instead of a call with probability {PROSE_SHARE:g} (drawn per item from "
-    "its seeded rng), otherwise a call mutation: the first of "
+    "its seeded rng), otherwise a call mutation of the first kind the ground truth admits among "
     + ", ".join(MUTATION_KINDS)
-    + " that the ground truth admits, in an order shuffled per item; the two other candidates are always call "
-    "mutations"
+    + " in an order shuffled per item; the two other candidates are always call mutations"
 )
 
 # How a small model writes the call it was asked for as a sentence. Words of the runtime's description of an
