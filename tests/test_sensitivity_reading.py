@@ -76,3 +76,10 @@ def test_the_share_of_the_study_s_value_is_the_mean_change_over_the_mean_study_v
                 if x.startswith("- tools, error record"))
     ratio = f"{100 * relative['lo']:.0f}, {100 * relative['hi']:.0f}%"
     assert f"-33% [{ratio}] of the study's value" in line
+
+
+def test_the_section_says_where_the_study_value_s_ci_comes_from():
+    summary = {"tools": {"sensitivity": {"record_role": _check(_est(-0.68, -0.9, -0.45)), "native_tools": NATIVE_NA}}}
+    intro = sensitivity_section(summary).split("\nReading")[0]
+    assert ("The study's value and its CI quoted here come from the check's own paired resamples over the items "
+            "where it applies, so that CI can differ slightly from the main table's") in intro

@@ -250,6 +250,8 @@ def test_both_failure_sources_are_reported_side_by_side(tmp_path):
     assert "| seeded: tools |" in report and "| model: pooled |" in report
     assert "not applicable (seeded failures)" in report
     assert "not applicable (by construction: the model's own attempt)" in report
+    assert "## Failure mix" in report and "| tools | unrecorded 8 | unrecorded 8 |" in report  # rows carry no kinds
+    assert "Seeded failure mix: tools: each item's failed action is prose instead of a call" in report
     assert set(json.loads((tmp_path / "summary.json").read_text())) == {"seeded", "model"}
     lines = headline(outcome)
     assert lines[0].startswith("[seeded] tools") and lines[-1].startswith("measured time, both failure sources")

@@ -9,7 +9,7 @@ import pytest
 
 from fastscore.errors import DataError
 from fastscore.study.items import Item
-from fastscore.study.envs.tools.mutations import MUTATION_KINDS
+from fastscore.study.envs.tools.prose import SEEDED_KINDS
 from fastscore.study.envs.tools.runtime import ToolRuntime
 from fastscore.records import Message
 from fastscore.study.conditions import RECORD_CONDITIONS, record_messages
@@ -67,7 +67,7 @@ def test_real_items_are_well_formed(items30, real_sources):
         assert item.candidates[0] == item.failed_action and item.candidates[1] == truth
         assert len(item.candidates) == 4 and len(set(item.candidates)) == 4
         assert all(not runtime.execute(c).ok for c in item.candidates[2:])
-        assert item.failure_kind in MUTATION_KINDS
+        assert item.failure_kind in SEEDED_KINDS
         assert item.failed_action not in item.description and truth not in item.description
         assert item.task == source.question and "Respond with exactly one call in the form" in item.system
         assert Item.from_json(item.to_json()) == item
@@ -81,7 +81,7 @@ def test_every_real_record_yields_a_valid_item_or_a_reasoned_skip(study_data):
         assert item.failure_kind != "ground_truth"
         assert len(set(item.candidates)) == len(item.candidates) >= 3
     kinds = {i.failure_kind for i in items}
-    assert kinds == set(MUTATION_KINDS), kinds  # every kind occurs somewhere in the real data
+    assert kinds == set(SEEDED_KINDS), kinds  # every kind occurs somewhere in the real data
     print(f"items {len(items)}, skipped {len(skipped)}")
 
 

@@ -18,7 +18,7 @@ from fastscore.study.metrics import POOLED
 from fastscore.study.report_control import cell as _cell
 from fastscore.study.report_control import ci_pct as _ci_pct
 from fastscore.study.report_control import copy_control_section, delta_reading, kinds_section, pooled_section
-from fastscore.study.report_control import pooled_line
+from fastscore.study.report_control import pooled_line, seeded_mix_text
 from fastscore.study.report_control import num as _num
 from fastscore.study.report_control import table as _table
 from fastscore.study.report_sensitivity import sensitivity_section
@@ -62,6 +62,7 @@ RUN_PARAMETERS = (
     ("seed", "seed"),
     ("limit", "item limit per env"),
     ("failure_source", "failure source"),
+    ("seeded_mix", "seeded failure mix"),
     ("retries", "sampled clean retries per item (temperature 1.0)"),
     ("end_of_turn", "end-of-turn token scored"),
     ("greedy_from", "greedy completions"),
@@ -337,6 +338,7 @@ def report_meta(config, weights: str, skipped: Sequence[Skipped], errors: Sequen
         "seed": config.seed,
         "limit": config.limit,
         "failure_source": config.failures,
+        "seeded_mix": "none (the model's own failures)" if config.failures == "model" else seeded_mix_text(config.envs),
         "retries": config.retries if config.failures == "model" else "none (seeded failures)",
         "end_of_turn": config.include_end_of_turn,
         "n_boot": config.n_boot,

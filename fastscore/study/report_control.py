@@ -101,6 +101,37 @@ def kinds_section(summary: dict[str, Any]) -> str:
             + table(HEADLINE_HEADER, rows))
 
 
+def seeded_mix_rules(envs) -> dict[str, str]:
+    """Each environment's stated rule for drawing its seeded failure kinds (StudyEnv subclasses that state one)."""
+    from fastscore.study.envs import env_class
+
+    return {env: rule for env in envs if (rule := getattr(env_class(env), "seeded_mix", None))}
+
+
+def seeded_mix_text(envs) -> str:
+    """The run-parameter line: each environment's rule, or that it states none (its counts per kind still show)."""
+    rules = seeded_mix_rules(envs)
+    return "; ".join(f"{env}: {rules.get(env, 'no rule stated (the counts per failure kind are in its section)')}"
+                     for env in envs)
+
+
+def _kind_counts(summary: dict[str, Any]) -> str:
+    kinds = summary.get("by_kind") or {}
+    return ", ".join(f"{kind} {h.get('n_items', 0)}" for kind, h in kinds.items()) or "not recorded"
+
+
+def mix_section(by_source: dict[str, dict[str, Any]]) -> str:
+    """The failure kinds each source's items have, per environment side by side, with the seeded rule."""
+    envs = list(dict.fromkeys(env for summary in by_source.values() for env in summary if env != "pooled"))
+    rows = [[env] + [_kind_counts(by_source[source].get(env, {})) for source in by_source] for env in envs]
+    rules = seeded_mix_rules(envs)
+    text = ("## Failure mix\n\nItems per failure kind (on-policy kinds are `model:` and the runtime's or tests' "
+            "verdict on the model's own attempt).")
+    if "seeded" in by_source and rules:
+        text += " Seeded failure mix: " + "; ".join(f"{env}: {rule}" for env, rule in rules.items()) + "."
+    return text + "\n\n" + table(["env", *(f"{source}: items per kind" for source in by_source)], rows)
+
+
 def pooled_section(pooled: dict[str, Any]) -> str:
     return ("## Pooled over environments\n\n" + pooled.get("method", "") + ".\n\n"
             + table(HEADLINE_HEADER, [headline_row(" + ".join(pooled.get("envs", [])), pooled)]))
@@ -142,10 +173,12 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
     return "\n\n".join([
         "# fastscore study: both failure sources side by side",
         *meta_lines,
-        "Seeded: one-edit mutations of the ground truth that the runtime / tests reject. Model: the model's own "
+        "Seeded: one-edit mutations of the ground truth (tools: or the ground truth written as prose instead of a "
+        "call) that the runtime / tests reject. Model: the model's own "
         "greedy attempt from the clean context, kept only when really rejected. Each source's full report: "
         + ", ".join(f"[{s}]({link})" for s, link in links.items()) + ".",
         "## Headline\n\n" + table(HEADLINE_HEADER, rows),
+        mix_section(by_source),
         "## Clean retry\n\nShare of k sampled retries (temperature 1.0, seeded) from the clean context that "
         "reproduce the failed action token for token, next to the exact probability exp(lp) that one temperature-1 "
         "sample reproduces it under the other harnesses (which k retries estimate). Under seeded failures the failed "

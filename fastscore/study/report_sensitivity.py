@@ -85,7 +85,9 @@ def sensitivity_section(summary: dict[str, Any]) -> str | None:
         "(scoring only, in calls of their own: the numbers above are unchanged by it). Values are per-token means "
         "with 95% bootstrap CIs over the items where the check applies, paired per item: the study's value → the "
         "check's value; change = check − study. G/token is the failed action's corrective gain per token; "
-        "ΔG/token = G/token(failed) − G/token(correct), the copy control.",
+        "ΔG/token = G/token(failed) − G/token(correct), the copy control. The study's value and its CI quoted here "
+        "come from the check's own paired resamples over the items where it applies, so that CI can differ slightly "
+        "from the main table's (and the mean too, where the check does not apply to every item).",
         "",
         *(f"- {NAMES[c]}: {next(iter(groups.values()))[c]['description']}." for c in CHECKS),
         "",

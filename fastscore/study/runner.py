@@ -28,6 +28,7 @@ from fastscore.study.envs.base import StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.metrics import read_score_rows, summarize
 from fastscore.study.onpolicy import ModelFailureBuilder
+from fastscore.study.report_control import seeded_mix_rules
 from fastscore.study.stages.decode import DecodePlan, greedy_stage
 from fastscore.study.stages.score import score_stage
 from fastscore.study.stages.sensitivity import attach_sensitivity, sensitivity_stage
@@ -105,6 +106,8 @@ class StudyConfig:
             "hf_path": None if self.hf_path is None else str(Path(self.hf_path).resolve()),
             "window": None if self.window is None else list(self.window),
             "sensitivity": self.sensitivity,
+            # How seeded failure kinds are drawn: items built under another rule must not be resumed as this one's.
+            "seeded_failure_mix": None if self.failures == "model" else seeded_mix_rules(self.envs),
         }
 
 

@@ -1,9 +1,10 @@
 """The simulated tool-calling environment: study items built from BFCL (simple_python and multiple).
 
 Each item shows the tools' JSON schemas and the call format in the system prompt and the BFCL question as the user
-turn. Its failed call is a seeded mutation of the ground truth that the simulated runtime rejects (see
-tool_mutations.py); the candidate set is: failed call, ground truth, then two other rejected mutations. Actions use
-the one format documented in tool_runtime.py: `func_name(param=value, ...)` with Python literal values.
+turn. Its failed action is a seeded mutation of the ground truth that the simulated runtime rejects (see
+mutations.py), or for a seeded share of the items the ground truth written as prose instead of a call (prose.py);
+the candidate set is: failed action, ground truth, then two other rejected call mutations. Actions use
+the one format documented in runtime.py: `func_name(param=value, ...)` with Python literal values.
 
 Data layout: `data_dir/bfcl/<set>.json` and `data_dir/bfcl/possible_answer/<set>.json`, JSON lines.
 """
@@ -26,6 +27,7 @@ from fastscore.study.envs.tools.answers import GroundTruthError, canonical_call,
 from fastscore.study.envs.tools.describe import describe_failure
 from fastscore.study.envs.tools.native import NativeItem, native_item
 from fastscore.study.envs.tools.mutations import mutation_rng, seeded_mutations
+from fastscore.study.envs.tools.prose import SEEDED_MIX, seeded_prose
 from fastscore.study.envs.tools.runtime import (
     CALL_FORMAT_INSTRUCTIONS, Call, ToolOutcome, ToolRejection, ToolRuntime, parse_call,
 )
@@ -194,6 +196,9 @@ def _seeded_item(source: ToolSource, seed: int) -> Item:
     if not mutations:
         raise _Unusable("no mutation of the ground truth is rejected by the runtime")
     failed, others = mutations[0], mutations[1:]
+    # A prose item is the same item with its failed call replaced by the call in words: same distractors, and the
+    # same sources are usable (both need three call mutations).
+    failed = seeded_prose(truth, runtime, seed, source.source_id) or failed
     outcome = runtime.execute(failed.text)
     if outcome.ok or outcome != failed.outcome:
         raise AssertionError(f"{source.source_id}: failed call {failed.text!r} is not rejected by the runtime")
@@ -279,6 +284,7 @@ def _called_function(item: Item) -> str:
 class ToolsEnv(StudyEnv):
     name = ENV
     max_new_tokens = 96  # a tool call is one short line
+    seeded_mix = SEEDED_MIX  # how the seeded items' failure kinds are drawn (config.json and the report state it)
     records = Records(role=RECORD_ROLE, failure_prefix="", neutral=NEUTRAL_MESSAGE,
                       dont_repeat=DONT_REPEAT_INSTRUCTION, dont_repeat_separator="\n")
 

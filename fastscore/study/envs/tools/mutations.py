@@ -37,7 +37,7 @@ class Mutation:
     """A rejected variant of the ground truth: its kind, the call, its action text and the runtime's outcome."""
 
     kind: str
-    call: Call
+    call: Call | None  # None when the text is no call at all (a prose failure, prose.py)
     text: str
     outcome: ToolOutcome
 
