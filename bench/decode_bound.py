@@ -59,7 +59,8 @@ class DecodeBoundOptions:
         if self.steps < 2:
             raise RequestError(f"steps must be >= 2: the first token comes from the prefill (got {self.steps})")
         if min(self.lengths, default=0) < 1 or min(self.streams, default=0) < 1:
-            raise RequestError(f"lengths and streams must be non-empty and positive (got {self.lengths}, {self.streams})")
+            raise RequestError(f"lengths and streams must be non-empty and positive "
+                               f"(got {self.lengths}, {self.streams})")
         if self.repeats < 1 or self.pp_tokens < 2:
             raise RequestError(f"repeats must be >= 1 and pp_tokens >= 2 (got {self.repeats}, {self.pp_tokens})")
 
@@ -183,7 +184,8 @@ def measure_cells(scorer, cells: Sequence[Sequence[int]], steps: int, repeats: i
     decode_once(scorer, random_contexts(rng, 2, 8, backend.n_vocab), 2)  # warm-up
     out: dict = {"n_vocab": backend.n_vocab, "cells": []}
     if pp_tokens:
-        pp = TokenRequest(tokens=tuple(random_contexts(rng, 1, pp_tokens, backend.n_vocab)[0]), score_from=pp_tokens - 1)
+        tokens = tuple(random_contexts(rng, 1, pp_tokens, backend.n_vocab)[0])
+        pp = TokenRequest(tokens=tokens, score_from=pp_tokens - 1)
         seconds, runs, _ = timed(lambda: backend.score_tokens([pp]), repeats)
         out["prefill"] = {"tokens": pp_tokens, "seconds": seconds, "runs": runs}
     for length, streams in cells:
@@ -237,8 +239,8 @@ def cores_figures(single: dict, parallel: list[dict]) -> dict:
     """1 process x T threads vs T processes x 1 thread on the same cell: median tok/s of each repeat."""
     one = [r["step_tokens"] / r["decode_seconds"] for r in single["cells"][0]["runs"]]
     per_repeat = zip(*(p["cells"][0]["runs"] for p in parallel))
-    aggregate = [sum(r["step_tokens"] for r in runs) / (max(r["wall_end"] for r in runs) - min(r["wall_start"] for r in runs))
-                 for runs in per_repeat]
+    aggregate = [sum(r["step_tokens"] for r in runs)
+                 / (max(r["wall_end"] for r in runs) - min(r["wall_start"] for r in runs)) for runs in per_repeat]
     each = [statistics.median(r["step_tokens"] / r["decode_seconds"] for r in p["cells"][0]["runs"]) for p in parallel]
     cell = single["cells"][0]
     one_tps, agg_tps = statistics.median(one), statistics.median(aggregate)
@@ -300,14 +302,15 @@ def render(result: dict) -> str:
 
     o, m = result["options"], result["machine"]
     mb = lambda b: _f(b / 1e6, 1)  # noqa: E731
+    tied = ", tied to the embedding" if result["tied"] else ""
     parts = [
         f"decode bound — {result['date_utc']} — {o['model']} llama.cpp {o['quant']} ({Path(result['gguf']).name}), "
         f"KV {o['kv_type']}, threads {o['threads']}, {o['steps']} steps, repeats {o['repeats']} (medians)",
         f"load average at start {m['load_average_at_start']}, at end {m['load_average_at_end']} on {m['cpu_count']} "
         f"CPUs, nice {m['nice']}",
         f"prefill (pp{result['prefill']['tokens']}, random tokens): {_f(result['prefill']['tokens_per_s'])} tok/s",
-        f"weights read per step: {mb(result['weights_bytes_per_step'])} MB (GGUF tensors {mb(result['tensor_bytes_total'])} "
-        f"MB, lm_head {mb(result['lm_head_bytes'])} MB{', tied to the embedding' if result['tied'] else ''}); "
+        f"weights read per step: {mb(result['weights_bytes_per_step'])} MB (GGUF tensors "
+        f"{mb(result['tensor_bytes_total'])} MB, lm_head {mb(result['lm_head_bytes'])} MB{tied}); "
         f"KV {_f(result['kv_bytes_per_cell'] / 1e3)} KB per cell",
         "",
     ]
@@ -316,8 +319,9 @@ def render(result: dict) -> str:
              _f(c["gb_per_s"], 2), _f(c["gb_per_s_padded"], 2), _f(c["decoder_groups"])] for c in result["cells"]]
     parts.append(_grid(["context", "streams", "decode tok/s", "/prefill", "weights MB/step", "KV MB/step",
                         "KV MB/step (padded)", "GB/s", "GB/s (padded)", "groups"], rows))
-    parts.append("GB/s: (weights + KV) bytes per step over the time inside the decoder's steps; padded: the cells "
-                 "llama.cpp attends (256-cell blocks per stream)")
+    parts.append(f"decode tok/s: tokens fed through the decoder's steps ({o['steps'] - 1} per context) over the decode "
+                 "phase; GB/s: (weights + KV) bytes per step over the time inside the decoder's steps; padded: the "
+                 "cells llama.cpp attends (256-cell blocks per stream)")
     c = result["cores"]
     if c:
         parts += ["", f"cores, context {c['length']} x {c['streams']} streams, each process decoding the whole cell: "
