@@ -249,10 +249,29 @@ def cores_figures(single: dict, parallel: list[dict]) -> dict:
             "processes_own_tokens_per_s": each, "aggregate_vs_one_process": agg_tps / one_tps}
 
 
+def _together(specs: list[dict], labels: list[str], scratch: Path) -> list[dict]:
+    """Run workers concurrently; the first to fail stops the others (they would wait at the barrier for it)."""
+    from fastscore.bench.run import finish_worker, start_worker
+
+    procs = [start_worker(spec, scratch, label) for spec, label in zip(specs, labels)]
+    try:
+        while any(p.poll() is None for p in procs) and all(p.returncode in (None, 0) for p in procs):
+            time.sleep(0.2)
+        for proc, label in zip(procs, labels):
+            if proc.returncode not in (None, 0):
+                finish_worker(proc, scratch, label)  # raises the failed worker's error
+        return [finish_worker(proc, scratch, label) for proc, label in zip(procs, labels)]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:  # one failed or we were interrupted: stop the others
+                proc.kill()
+                proc.wait()
+
+
 def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) -> dict:
     """Every measurement and figure as one JSON-safe dict (render() prints it)."""
     from fastscore.bench.roofline import shape_from_gguf
-    from fastscore.bench.run import _resolve_all, finish_worker, spawn, start_worker
+    from fastscore.bench.run import _resolve_all, spawn
 
     load_at_start = [round(x, 2) for x in os.getloadavg()]
     artefact = _resolve_all(opts.model, [("llamacpp", opts.quant)])[("llamacpp", opts.quant)]
@@ -274,15 +293,8 @@ def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) 
             barrier = scratch / "barrier"
             barrier.mkdir()
             labels = [f"cores-process-{i}" for i in range(opts.threads)]
-            procs = [start_worker({**cell, "threads": 1, "barrier": str(barrier), "label": label,
-                                   "parties": opts.threads}, scratch, label) for label in labels]
-            try:
-                parallel = [finish_worker(proc, scratch, label) for proc, label in zip(procs, labels)]
-            finally:
-                for proc in procs:
-                    if proc.poll() is None:  # one failed or we were interrupted: stop the others
-                        proc.kill()
-                        proc.wait()
+            parallel = _together([{**cell, "threads": 1, "barrier": str(barrier), "label": label,
+                                   "parties": opts.threads} for label in labels], labels, scratch)
             cores = {**cores_figures(single, parallel), "threads": opts.threads}
     prefill_tps = grid["prefill"]["tokens"] / grid["prefill"]["seconds"]
     return {

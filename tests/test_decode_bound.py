@@ -80,3 +80,17 @@ def test_bench_decode_bound_flag_writes_the_json(tiny_model, tmp_path):
     assert summary["options"]["threads"] == 1 and summary["cores"] is None  # one thread: nothing to compare
     assert [(c["length"], c["streams"]) for c in summary["cells"]] == [(16, 32), (16, 64), (16, 128), (256, 32),
                                                                        (256, 64), (256, 128)]
+
+
+def test_a_failing_worker_stops_the_one_waiting_for_it(tiny_model, tmp_path):
+    """Concurrent decode workers meet at a barrier: when one fails, the other is stopped, not waited for."""
+    from fastscore.bench.decode_bound import _together
+    from fastscore.errors import BenchmarkError
+
+    base = {"task": "decode_bound", "quant": "f32", "steps": 2, "repeats": 1, "cells": [[3, 2]], "pp_tokens": None,
+            "threads": 1, "barrier": str(tmp_path), "parties": 2}
+    specs = [{**base, "model": str(tiny_model("llama")), "label": "waits"},
+             {**base, "model": str(tmp_path / "no-such-model"), "label": "fails"}]
+    with pytest.raises(BenchmarkError, match="'fails' failed"):
+        _together(specs, ["waits", "fails"], tmp_path)
+    assert not (tmp_path / "waits.out.json").exists()  # stopped at the barrier: it never measured
