@@ -82,19 +82,40 @@ def thread_env(threads: int) -> dict[str, str]:
     return env
 
 
+def start_worker(spec: dict, scratch: Path, label: str) -> subprocess.Popen:
+    """Start `python -m fastscore.bench.worker` on `spec` (stderr to LABEL.stderr in scratch, so several workers can
+    run at once without filling a pipe); finish_worker collects its figures."""
+    spec_path = scratch / f"{label}.spec.json"
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")
+    with open(scratch / f"{label}.stderr", "w", encoding="utf-8") as err:
+        return subprocess.Popen([sys.executable, "-m", "fastscore.bench.worker", str(spec_path),
+                                 str(scratch / f"{label}.out.json")],
+                                env=thread_env(spec["threads"]), stdout=subprocess.DEVNULL, stderr=err)
+
+
+def finish_worker(proc: subprocess.Popen, scratch: Path, label: str) -> dict:
+    """Wait for a started worker and return its figures (with max_rss_bytes); BenchmarkError if it failed."""
+    returncode = proc.wait()
+    out_path = scratch / f"{label}.out.json"
+    result = json.loads(out_path.read_text(encoding="utf-8")) if out_path.is_file() else None
+    if returncode != 0 or result is None or "error" in result:
+        stderr = (scratch / f"{label}.stderr").read_text(encoding="utf-8", errors="replace")
+        why = result["error"] if result and "error" in result else "\n".join(stderr.strip().splitlines()[-12:])
+        raise BenchmarkError(f"benchmark worker {label!r} failed (exit {returncode}): {why}")
+    return result
+
+
 def spawn(spec: dict, scratch: Path, label: str) -> dict:
     """Run one configuration in `python -m fastscore.bench.worker` and return its figures (with max_rss_bytes)."""
-    spec_path = scratch / f"{label}.spec.json"
-    out_path = scratch / f"{label}.out.json"
-    spec_path.write_text(json.dumps(spec), encoding="utf-8")
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "fastscore.bench.worker", str(spec_path), str(out_path)],
-                          env=thread_env(spec["threads"]), capture_output=True, text=True)
+    proc = start_worker(spec, scratch, label)
+    try:
+        result = finish_worker(proc, scratch, label)
+    finally:
+        if proc.poll() is None:  # interrupted while waiting: do not leave the worker running
+            proc.kill()
+            proc.wait()
     log.info("%s: %.1f s wall", label, time.perf_counter() - started)
-    result = json.loads(out_path.read_text(encoding="utf-8")) if out_path.is_file() else None
-    if proc.returncode != 0 or result is None or "error" in result:
-        why = result["error"] if result and "error" in result else "\n".join(proc.stderr.strip().splitlines()[-12:])
-        raise BenchmarkError(f"benchmark worker {label!r} failed (exit {proc.returncode}): {why}")
     return result
 
 

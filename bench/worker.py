@@ -2,8 +2,8 @@
 
     python -m fastscore.bench.worker SPEC.json OUT.json
 
-SPEC: {"task": "sgemm" | "backend" | "e2e" | "greedy" | "convert", "model", "backend", "quant", "threads",
-"repeats", "workload": path, "backend_options" (optional: fields of the backend's options record), ...task options}.
+SPEC: {"task": "sgemm" | "backend" | "e2e" | "greedy" | "convert" | "decode_bound", "model", "backend", "quant",
+"threads", "repeats", "workload": path, "backend_options" (optional: fields of the backend's options record), ...task options}.
 The parent sets the BLAS/OpenMP thread variables in this process's environment before numpy loads. OUT gets the task's figures plus "max_rss_bytes" (this process or any subprocess it
 waited for, e.g. llama.cpp's converter) and "cpu_seconds" (user + system, both).
 """
@@ -32,6 +32,10 @@ def run_spec(spec: dict) -> dict:
         from fastscore.bench.roofline import measure_sgemm
 
         return measure_sgemm(spec.get("n", 2048), spec["repeats"])
+    if task == "decode_bound":  # random-token contexts: no workload
+        from fastscore.bench.decode_bound import run_worker_spec
+
+        return run_worker_spec(spec)
 
     from fastscore.bench import measure
     from fastscore.bench.workload import Workload

@@ -39,12 +39,25 @@ from fastscore.study.envs import ENVS
               help="Also write the JSON figures to this file.")
 @click.option("--requests", "requests", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Benchmark on this scoring file (fastscore score's input) instead of the study's items.")
+@click.option("--decode-bound", is_flag=True,
+              help="Instead, measure what bounds batched greedy decoding (fastscore.bench.decode_bound's default grid; "
+                   "uses --model, --best as the type (default f32), --threads, --repeats, --pp-tokens, --json-out; "
+                   "more options: python -m fastscore.bench.decode_bound --help).")
 @friendly
 def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_reference, best, pp_tokens,
           per_request_repeats, reference_repeats, per_request_limit, greedy_batches, new_tokens, greedy_repeats, sgemm_n,
-          conditions, json_out, requests) -> None:
+          conditions, json_out, requests, decode_bound) -> None:
     """Benchmark every backend side by side on the same study requests: a table, then one JSON line."""
     import os
+
+    if decode_bound:
+        from fastscore.bench.decode_bound import DecodeBoundOptions, print_and_save, run_decode_bound
+        from fastscore.registry import default_model
+
+        opts = DecodeBoundOptions(model=model or default_model(), quant=best or "f32",
+                                  threads=threads or os.cpu_count() or 1, repeats=repeats, pp_tokens=pp_tokens)
+        print_and_save(run_decode_bound(opts), json_out)
+        return
 
     from fastscore import outputs
     from fastscore.bench.run import BenchOptions, run_bench
