@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastscore.study.conditions import GAIN_CONDITIONS
+from fastscore.study.envs import seeded_mix_rules
 from fastscore.study.metrics_control import NAME_TYPOS
 
 
@@ -99,13 +100,6 @@ def kinds_section(summary: dict[str, Any]) -> str:
     return ("### Failure kinds\n\nThe mix used: " + (mix or "not recorded") + f". Name typos ({', '.join(NAME_TYPOS)}) "
             "are the lowest-prior strings with the largest copy boost; the last row leaves them out.\n\n"
             + table(HEADLINE_HEADER, rows))
-
-
-def seeded_mix_rules(envs) -> dict[str, str]:
-    """Each environment's stated rule for drawing its seeded failure kinds (StudyEnv subclasses that state one)."""
-    from fastscore.study.envs import env_class
-
-    return {env: rule for env in envs if (rule := getattr(env_class(env), "seeded_mix", None))}
 
 
 def seeded_mix_text(envs) -> str:

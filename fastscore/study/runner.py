@@ -23,12 +23,11 @@ from fastscore.outputs import OutDirLock
 from fastscore.registry import default_model
 from fastscore.study.conditions import CONDITIONS
 from fastscore.study.datafile import default_data_dir
-from fastscore.study.envs import ENVS, env_class, items_for_envs, open_envs
+from fastscore.study.envs import ENVS, env_class, items_for_envs, open_envs, seeded_mix_rules
 from fastscore.study.envs.base import StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.metrics import read_score_rows, summarize
 from fastscore.study.onpolicy import ModelFailureBuilder
-from fastscore.study.report_control import seeded_mix_rules
 from fastscore.study.stages.decode import DecodePlan, greedy_stage
 from fastscore.study.stages.score import score_stage
 from fastscore.study.stages.sensitivity import attach_sensitivity, sensitivity_stage

@@ -31,6 +31,11 @@ def env_class(name: str) -> type["StudyEnv"]:
     return getattr(importlib.import_module(module), cls)
 
 
+def seeded_mix_rules(names: Sequence[str]) -> dict[str, str]:
+    """Each named environment's stated rule for drawing its seeded failure kinds (those that state one)."""
+    return {name: rule for name in names if (rule := env_class(name).seeded_mix)}
+
+
 def open_envs(names: Sequence[str], data_dir: Path, progress: bool = False) -> dict[str, "StudyEnv"]:
     """The named environments bound to the data folder (each reads its files once, when first needed)."""
     return {name: env_class(name)(Path(data_dir), progress=progress) for name in names}

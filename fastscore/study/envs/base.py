@@ -45,6 +45,9 @@ class Records:
 class StudyEnv(abc.ABC):
     name: ClassVar[str]
     max_new_tokens: ClassVar[int]  # greedy token cap (also the length of the model's own attempt, on policy)
+    # How the seeded items' failure kinds are drawn, in one sentence (config.json and the report state it); None: the
+    # environment states no rule.
+    seeded_mix: ClassVar[str | None] = None
     records: ClassVar[Records]
 
     def __init__(self, data_dir: Path, progress: bool = False) -> None:

@@ -167,9 +167,9 @@ def _sampled_retries(members: Sequence[Item], lp, scorer, env: StudyEnv, plan: D
     token_bytes = scorer.tokenizer.token_bytes
     # The clean retry's context: the failed attempt and its error deleted, i.e. before's messages. A retry whose text
     # has left the failed action's is decided (not a repeat): it stops one token later (see left_the_action).
-    requests = {i: [GreedyRequest(f"{i}::{RETRY_CONDITION}#{k}", env.context_messages(by_id[i]),
-                                  action_done=left_the_action(_action_body(rec), token_bytes))
-                    for k in range(plan.retries)] for i, rec in targets.items()}
+    left = {i: left_the_action(_action_body(rec), token_bytes) for i, rec in targets.items()}
+    requests = {i: [GreedyRequest(f"{i}::{RETRY_CONDITION}#{k}", env.context_messages(by_id[i]), action_done=left[i])
+                    for k in range(plan.retries)] for i in targets}
     # A retry can equal the failed action only by emitting its tokens and then stopping: no longer budget is needed.
     budget = max(max(rec["cand_n_tokens"][0] for rec in targets.values()) + 1, 2)
 

@@ -284,7 +284,7 @@ def _called_function(item: Item) -> str:
 class ToolsEnv(StudyEnv):
     name = ENV
     max_new_tokens = 96  # a tool call is one short line
-    seeded_mix = SEEDED_MIX  # how the seeded items' failure kinds are drawn (config.json and the report state it)
+    seeded_mix = SEEDED_MIX
     records = Records(role=RECORD_ROLE, failure_prefix="", neutral=NEUTRAL_MESSAGE,
                       dont_repeat=DONT_REPEAT_INSTRUCTION, dont_repeat_separator="\n")
 
