@@ -81,13 +81,6 @@ def weight_traffic(gguf_path: Path) -> dict:
             "weights_bytes_per_step": total - embedding + (lm_head if tied else 0)}
 
 
-def kv_bytes_per_cell(shape, kv_type: str) -> float:
-    """K and V of one cell over all layers (key and value heads of head_dim each), as the KV type stores them."""
-    from fastscore.backends.llamacpp_streams import KV_BYTES
-
-    return shape.n_layer * shape.n_kv_head * 2 * shape.head_dim * KV_BYTES[kv_type]
-
-
 def attended_cells(length: int, steps: int) -> tuple[float, float]:
     """Mean cells a decode-step token attends over (its own included), holding tokens and as llama.cpp pads them:
     the steps feed positions length .. length + steps - 2."""
@@ -274,6 +267,7 @@ def _together(specs: list[dict], labels: list[str], scratch: Path) -> list[dict]
 
 def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) -> dict:
     """Every measurement and figure as one JSON-safe dict (render() prints it)."""
+    from fastscore.backends.llamacpp_streams import kv_cell_bytes
     from fastscore.bench.roofline import shape_from_gguf
     from fastscore.bench.run import _resolve_all, spawn
 
@@ -281,7 +275,7 @@ def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) 
     artefact = _resolve_all(opts.model, [("llamacpp", opts.quant)])[("llamacpp", opts.quant)]
     shape = shape_from_gguf(artefact.path)
     traffic = weight_traffic(artefact.path)
-    cell_bytes = kv_bytes_per_cell(shape, opts.kv_type)
+    cell_bytes = kv_cell_bytes(shape.n_layer, shape.n_kv_head, shape.head_dim, shape.head_dim, opts.kv_type)
     common = {"task": "decode_bound", "model": opts.model, "quant": opts.quant, "steps": opts.steps,
               "repeats": opts.repeats, "seed": opts.seed, "backend_options": {"kv_type": opts.kv_type}}
     cells = [[length, streams] for length in opts.lengths for streams in opts.streams]
@@ -313,41 +307,6 @@ def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) 
     }
 
 
-def render(result: dict) -> str:
-    from fastscore.bench.table import _f, _grid
-
-    o, m = result["options"], result["machine"]
-    mb = lambda b: _f(b / 1e6, 1)  # noqa: E731
-    tied = ", tied to the embedding" if result["tied"] else ""
-    parts = [
-        f"decode bound — {result['date_utc']} — {o['model']} llama.cpp {o['quant']} ({Path(result['gguf']).name}), "
-        f"KV {o['kv_type']}, threads {o['threads']}, {o['steps']} steps, repeats {o['repeats']} (medians)",
-        f"load average at start {m['load_average_at_start']}, at end {m['load_average_at_end']} on {m['cpu_count']} "
-        f"CPUs, nice {m['nice']}",
-        f"prefill (pp{result['prefill']['tokens']}, random tokens): {_f(result['prefill']['tokens_per_s'])} tok/s",
-        f"weights read per step: {mb(result['weights_bytes_per_step'])} MB (GGUF tensors "
-        f"{mb(result['tensor_bytes_total'])} MB, lm_head {mb(result['lm_head_bytes'])} MB{tied}); "
-        f"KV {_f(result['kv_bytes_per_cell'] / 1e3)} KB per cell",
-        "",
-    ]
-    rows = [[str(c["length"]), str(c["streams"]), _f(c["tokens_per_s"]), _f(c["fraction_of_prefill"], 2),
-             mb(c["weights_bytes_per_step"]), mb(c["kv_bytes_per_step"]), mb(c["kv_bytes_per_step_padded"]),
-             _f(c["gb_per_s"], 2), _f(c["gb_per_s_padded"], 2), _f(c["decoder_groups"])] for c in result["cells"]]
-    parts.append(_grid(["context", "streams", "decode tok/s", "/prefill", "weights MB/step", "KV MB/step",
-                        "KV MB/step (padded)", "GB/s", "GB/s (padded)", "groups"], rows))
-    parts.append(f"decode tok/s: tokens fed through the decoder's steps ({o['steps'] - 1} per context) over the decode "
-                 "phase; GB/s: (weights + KV) bytes per step over the time inside the decoder's steps; padded: the "
-                 "cells llama.cpp attends (256-cell blocks per stream)")
-    c = result["cores"]
-    if c:
-        parts += ["", f"cores, context {c['length']} x {c['streams']} streams, each process decoding the whole cell: "
-                      f"1 process x {c['threads']} threads {_f(c['one_process_tokens_per_s'])} tok/s; "
-                      f"{c['processes']} processes x 1 thread {_f(c['processes_aggregate_tokens_per_s'])} tok/s "
-                      f"aggregate (each: {', '.join(_f(x) for x in c['processes_own_tokens_per_s'])}); "
-                      f"ratio {_f(c['aggregate_vs_one_process'], 2)}"]
-    return "\n".join(parts)
-
-
 def _main() -> None:
     import click
 
@@ -376,6 +335,8 @@ def _main() -> None:
         opts = DecodeBoundOptions(model=model or default_model(), quant=quant, lengths=ints(lengths),
                                   streams=ints(streams), steps=steps, threads=threads or os.cpu_count() or 1,
                                   repeats=repeats, pp_tokens=pp_tokens, kv_type=kv_type, cores_cell=cell)
+        from fastscore.bench.decode_bound_table import print_and_save
+
         print_and_save(run_decode_bound(opts), json_out)
 
     command()
@@ -387,21 +348,6 @@ def parse_cell(text: str) -> tuple[int, int]:
     if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         raise RequestError(f"a decode cell is LENGTHxSTREAMS, e.g. 256x32 (got {text!r})")
     return int(parts[0]), int(parts[1])
-
-
-def print_and_save(result: dict, json_out: Path | None) -> None:
-    """The table, then one JSON line (also written to json_out), as `fastscore bench` prints."""
-    import click
-
-    from fastscore import outputs
-    from fastscore.bench.table import json_line
-
-    click.echo(render(result))
-    line = json_line(result)
-    click.echo(line)
-    if json_out is not None:
-        outputs.ensure_parent(json_out)
-        outputs.write_text_atomic(json_out, line + "\n")
 
 
 if __name__ == "__main__":

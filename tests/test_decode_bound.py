@@ -7,7 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from fastscore.bench.decode_bound import DecodeBoundOptions, attended_cells, parse_cell, render, run_decode_bound
+from fastscore.bench.decode_bound import DecodeBoundOptions, attended_cells, parse_cell, run_decode_bound
+from fastscore.bench.decode_bound_table import render
 from fastscore.conversion import tiny
 from fastscore.errors import RequestError
 

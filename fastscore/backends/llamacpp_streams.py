@@ -65,16 +65,20 @@ def stream_groups(lengths: Sequence[int], order: Sequence[int], reserve: int, ma
     return groups
 
 
+def kv_cell_bytes(n_layer: int, n_head_kv: int, key_length: int, value_length: int, kv_type: str) -> float:
+    """Bytes of K and V one cell holds over all layers, as the KV type stores them."""
+    return n_layer * n_head_kv * (key_length + value_length) * KV_BYTES[kv_type]
+
+
 def kv_bytes_per_cell(L, model, kv_type: str) -> float:
-    """Bytes of K and V one cell holds over all layers, from the model's head sizes (GGUF key_length/value_length,
-    else n_embd / n_head)."""
+    """kv_cell_bytes of a loaded model: head sizes from GGUF key_length/value_length, else n_embd / n_head."""
     n_head = max(int(L.llama_model_n_head(model)), 1)
-    n_head_kv = int(L.llama_model_n_head_kv(model))
     default = int(L.llama_model_n_embd(model)) // n_head
     arch = _meta(L, model, "general.architecture")
     k_len = int(_meta(L, model, f"{arch}.attention.key_length") or default)
     v_len = int(_meta(L, model, f"{arch}.attention.value_length") or default)
-    return int(L.llama_model_n_layer(model)) * n_head_kv * (k_len + v_len) * KV_BYTES[kv_type]
+    return kv_cell_bytes(int(L.llama_model_n_layer(model)), int(L.llama_model_n_head_kv(model)), k_len, v_len,
+                         kv_type)
 
 
 def _meta(L, model, key: str) -> str:

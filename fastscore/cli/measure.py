@@ -51,7 +51,8 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
     import os
 
     if decode_bound:
-        from fastscore.bench.decode_bound import DecodeBoundOptions, print_and_save, run_decode_bound
+        from fastscore.bench.decode_bound import DecodeBoundOptions, run_decode_bound
+        from fastscore.bench.decode_bound_table import print_and_save
         from fastscore.registry import default_model
 
         opts = DecodeBoundOptions(model=model or default_model(), quant=best or "f32",
