@@ -335,9 +335,10 @@ def _main() -> None:
         opts = DecodeBoundOptions(model=model or default_model(), quant=quant, lengths=ints(lengths),
                                   streams=ints(streams), steps=steps, threads=threads or os.cpu_count() or 1,
                                   repeats=repeats, pp_tokens=pp_tokens, kv_type=kv_type, cores_cell=cell)
-        from fastscore.bench.decode_bound_table import print_and_save
+        from fastscore.bench.decode_bound_table import render
+        from fastscore.bench.table import print_and_save
 
-        print_and_save(run_decode_bound(opts), json_out)
+        print_and_save(run_decode_bound(opts), json_out, render)
 
     command()
 

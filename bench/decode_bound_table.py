@@ -38,18 +38,3 @@ def render(result: dict) -> str:
                       f"aggregate (each: {', '.join(_f(x) for x in c['processes_own_tokens_per_s'])}); "
                       f"ratio {_f(c['aggregate_vs_one_process'], 2)}"]
     return "\n".join(parts)
-
-
-def print_and_save(result: dict, json_out: Path | None) -> None:
-    """The table, then one JSON line (also written to json_out), as `fastscore bench` prints."""
-    import click
-
-    from fastscore import outputs
-    from fastscore.bench.table import json_line
-
-    click.echo(render(result))
-    line = json_line(result)
-    click.echo(line)
-    if json_out is not None:
-        outputs.ensure_parent(json_out)
-        outputs.write_text_atomic(json_out, line + "\n")

@@ -96,3 +96,17 @@ def render(summary: dict[str, Any]) -> str:
 
 def json_line(summary: dict[str, Any]) -> str:
     return json.dumps(summary, sort_keys=True, allow_nan=False, separators=(",", ":"))
+
+
+def print_and_save(result: dict[str, Any], json_out, render_fn) -> None:
+    """render_fn(result), then one JSON line (also written to json_out when given), as `fastscore bench` prints."""
+    import click
+
+    from fastscore import outputs
+
+    click.echo(render_fn(result))
+    line = json_line(result)
+    click.echo(line)
+    if json_out is not None:
+        outputs.ensure_parent(json_out)
+        outputs.write_text_atomic(json_out, line + "\n")

@@ -310,3 +310,28 @@ def test_a_run_recorded_before_a_setting_existed_resumes_under_its_default(tmp_p
     assert (tmp_path / "scores.jsonl").exists()
     with pytest.raises(ResumeConfigError, match="sensitivity: was False, now True"):
         store.start({"seed": 0, "sensitivity": True}, resume=True)
+
+
+def test_study_bound_reads_the_run_and_bounds_each_stage_by_its_tokens(baseline):
+    """`bench --study-bound`: each stage's tokens x 2 x non-embedding params at the sgemm rate it measured."""
+    from fastscore.bench.projection import stage_table
+    from fastscore.bench.roofline import ModelShape, non_embedding_params
+
+    result = CliRunner().invoke(main, ["bench", "--study-bound", str(baseline), "--threads", "1", "--sgemm-n", "512"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    print(result.output)
+    figures = json.loads(result.output.strip().splitlines()[-1])
+    shape = ModelShape(**figures["shape"])
+    assert figures["flops_per_computed_token"] == 2 * non_embedding_params(shape)
+    rate = figures["sgemm"]["gflops"] * 1e9
+    (run,) = figures["runs"]
+    table = stage_table(baseline / "report.md")
+    assert [s["stage"] for s in run["stages"]] == list(table)
+    for stage in run["stages"]:
+        seconds, tokens = table[stage["stage"]]
+        assert stage["tokens"] == (tokens or 0) and stage["measured_seconds"] == seconds
+        assert stage["bound_seconds"] == pytest.approx((tokens or 0) * figures["flops_per_computed_token"] / rate)
+    assert sum(s["tokens"] for s in run["stages"]) > 0
+    assert run["item_runs"] == 2 * LIMIT
+    assert run["bound_item_runs_per_hour"] == pytest.approx(3600 * run["item_runs"] / run["bound_seconds"])
+    assert "item-runs/h at the bound" in result.output

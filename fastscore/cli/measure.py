@@ -43,21 +43,35 @@ from fastscore.study.envs import ENVS
               help="Instead, measure what bounds batched greedy decoding (fastscore.bench.decode_bound's default grid; "
                    "uses --model, --best as the type (default f32), --threads, --repeats, --pp-tokens, --json-out; "
                    "more options: python -m fastscore.bench.decode_bound --help).")
+@click.option("--study-bound", "study_runs", multiple=True,
+              type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Instead, the item-runs per hour this machine's sgemm rate allows for the tokens these study runs "
+                   "computed (a failure source's folder, e.g. study-out/seeded; repeat for each; uses --threads, "
+                   "--sgemm-n, --json-out).")
 @friendly
 def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_reference, best, pp_tokens,
           per_request_repeats, reference_repeats, per_request_limit, greedy_batches, new_tokens, greedy_repeats, sgemm_n,
-          conditions, json_out, requests, decode_bound) -> None:
+          conditions, json_out, requests, decode_bound, study_runs) -> None:
     """Benchmark every backend side by side on the same study requests: a table, then one JSON line."""
     import os
 
+    if study_runs:
+        from fastscore.bench import study_bound
+        from fastscore.bench.table import print_and_save
+
+        print_and_save(study_bound.measure(study_runs, threads or os.cpu_count() or 1, sgemm_n), json_out,
+                       study_bound.render)
+        return
+
     if decode_bound:
         from fastscore.bench.decode_bound import DecodeBoundOptions, run_decode_bound
-        from fastscore.bench.decode_bound_table import print_and_save
+        from fastscore.bench.decode_bound_table import render
+        from fastscore.bench.table import print_and_save
         from fastscore.registry import default_model
 
         opts = DecodeBoundOptions(model=model or default_model(), quant=best or "f32",
                                   threads=threads or os.cpu_count() or 1, repeats=repeats, pp_tokens=pp_tokens)
-        print_and_save(run_decode_bound(opts), json_out)
+        print_and_save(run_decode_bound(opts), json_out, render)
         return
 
     from fastscore import outputs
