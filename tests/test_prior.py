@@ -156,3 +156,21 @@ def test_the_report_of_a_run_over_both_sources_has_the_section_and_summary_json_
     (tmp_path / "one").mkdir()
     combine_sources(StudyConfig(quant="f32", out_dir=tmp_path / "one"), {SEEDED: outcomes[SEEDED]}, 1.0)
     assert HEADING not in (tmp_path / "one" / "report.md").read_text()
+
+
+def test_the_scoring_stage_s_log_probs_give_the_same_items_as_the_score_rows(tmp_path):
+    from fastscore.study.prior import rows_from_logprobs
+
+    rows = _rows("tools", "t0", before=-12.0, after=-6.0, n=4) + _rows("mbpp", "m0", before=-2.0, after=-3.0, n=2)
+    records = {}
+    for row in rows:
+        rec = records.setdefault(row.item_id, {"item_id": row.item_id, "env": row.env, "conditions": {}})
+        rec["conditions"][row.condition] = {"cand_lp": list(row.cand_lp), "cand_n_tokens": list(row.cand_n_tokens),
+                                            "p": [row.p_repeat, 0.1, 0.1, 0.1],
+                                            "p_norm": [row.p_repeat_norm, 0.1, 0.1, 0.1]}
+    path = tmp_path / "logprobs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records.values()) + '{"item_id": "cut')  # killed mid-line
+    from_logprobs, from_rows = prior_items(rows_from_logprobs(path), SEEDED), prior_items(rows, SEEDED)
+    assert from_logprobs.envs == from_rows.envs
+    assert from_logprobs.prior.tolist() == from_rows.prior.tolist() == [-3.0, -1.0]
+    assert from_logprobs.gain_per_token.tolist() == from_rows.gain_per_token.tolist()

@@ -41,6 +41,7 @@ BIN_LABELS = ("low prior", "middle prior", "high prior")
 MIN_ITEMS = 2  # a mean over fewer items of a source has no spread to resample: the cell says so instead
 POOLED = "pooled"
 NOT_APPLICABLE = "not applicable"
+DEFAULT_N_BOOT = 2000  # fastscore study --n-boot, for a run whose summary.json is not written yet
 
 
 @dataclass(frozen=True)
@@ -271,18 +272,40 @@ def prior_summary(seeded: PriorItems, model: PriorItems, n_boot: int = 2000, see
     return out
 
 
-def prior_of_run(out_dir: Path, n_boot: int | None = None, seed: int | None = None) -> dict[str, Any] | None:
+def rows_from_logprobs(path: Path) -> list[ScoreRow]:
+    """The `before` and `after` rows of a run's logprobs.jsonl (the scoring stage's record), taken as score_rows takes
+    them (candidate 0's lp and token count): enough for this analysis while a run's greedy stages still go on. A
+    partial last line (a killed run) is left out, as a resume would."""
+    rows = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        for cond in (REFERENCE, CONDITION):
+            scored = record["conditions"][cond]
+            rows.append(ScoreRow(record["item_id"], record["env"], cond, scored["cand_lp"][0],
+                                 scored["cand_n_tokens"][0], scored["cand_lp"], scored["cand_n_tokens"],
+                                 scored["p"][0], scored["p_norm"][0]))
+    return rows
+
+
+def prior_of_run(out_dir: Path, n_boot: int | None = None, seed: int | None = None,
+                 from_logprobs: bool = False) -> dict[str, Any] | None:
     """The prior analysis of a run over both failure sources from its seeded/ and model/ subfolders' stored score
-    rows; seed and bootstrap size default to the run's own. None when a source's scores.jsonl is missing."""
-    from fastscore.study.store import CONFIG_FILE, SCORES_FILE, SUMMARY_FILE  # store is not needed by the maths
+    rows (or, `from_logprobs`, their scoring stage's log-probs); seed and bootstrap size default to the run's own.
+    None when a source's file is missing."""
+    from fastscore.study.store import CONFIG_FILE, LOGPROBS_FILE, SCORES_FILE, SUMMARY_FILE  # store is not needed by the maths
 
     out_dir = Path(out_dir)
-    if not all((out_dir / s / SCORES_FILE).exists() for s in (SEEDED, MODEL)):
+    name, read = (LOGPROBS_FILE, rows_from_logprobs) if from_logprobs else (SCORES_FILE, read_score_rows)
+    if not all((out_dir / s / name).exists() for s in (SEEDED, MODEL)):
         return None
     if seed is None:
         seed = int(json.loads((out_dir / SEEDED / CONFIG_FILE).read_text(encoding="utf-8")).get("seed", 0))
-    if n_boot is None:
-        summary = json.loads((out_dir / SEEDED / SUMMARY_FILE).read_text(encoding="utf-8"))
-        n_boot = next((s["bootstrap"]["n_boot"] for s in summary.values() if "bootstrap" in s), 2000)
-    items = {s: prior_items(read_score_rows(out_dir / s / SCORES_FILE), s) for s in (SEEDED, MODEL)}
+    if n_boot is None:  # config.json does not keep it; a finished source's summary.json does
+        summary_path = out_dir / SEEDED / SUMMARY_FILE
+        summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else {}
+        n_boot = next((s["bootstrap"]["n_boot"] for s in summary.values() if "bootstrap" in s), DEFAULT_N_BOOT)
+    items = {s: prior_items(read(out_dir / s / name), s) for s in (SEEDED, MODEL)}
     return prior_summary(items[SEEDED], items[MODEL], n_boot, seed)

@@ -125,14 +125,17 @@ def prior_section(prior: dict[str, Any] | None) -> str | None:
 def main(argv: list[str]) -> int:
     from fastscore.study.prior import prior_of_run
 
-    if len(argv) != 1:
-        print("usage: python -m fastscore.study.report_prior OUT_DIR (a run over both failure sources)",
+    logprobs = "--from-logprobs" in argv
+    args = [a for a in argv if a != "--from-logprobs"]
+    if len(args) != 1:
+        print("usage: python -m fastscore.study.report_prior OUT_DIR [--from-logprobs]  (a run over both failure "
+              "sources; --from-logprobs reads the scoring stage's log-probs, before the greedy stages finish)",
               file=sys.stderr)
         return 2
-    prior = prior_of_run(Path(argv[0]))
+    prior = prior_of_run(Path(args[0]), from_logprobs=logprobs)
     text = prior_section(prior)
     if text is None:
-        print(f"{argv[0]}: no prior analysis (the run lacks a failure source or an environment both share)",
+        print(f"{args[0]}: no prior analysis (the run lacks a failure source or an environment both share)",
               file=sys.stderr)
         return 1
     print(text)
