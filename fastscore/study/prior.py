@@ -295,7 +295,8 @@ def prior_of_run(out_dir: Path, n_boot: int | None = None, seed: int | None = No
     """The prior analysis of a run over both failure sources from its seeded/ and model/ subfolders' stored score
     rows (or, `from_logprobs`, their scoring stage's log-probs); seed and bootstrap size default to the run's own.
     None when a source's file is missing."""
-    from fastscore.study.store import CONFIG_FILE, LOGPROBS_FILE, SCORES_FILE, SUMMARY_FILE  # store is not needed by the maths
+    # the store's file names only here: the maths above needs no run folder
+    from fastscore.study.store import CONFIG_FILE, LOGPROBS_FILE, SCORES_FILE, SUMMARY_FILE
 
     out_dir = Path(out_dir)
     name, read = (LOGPROBS_FILE, rows_from_logprobs) if from_logprobs else (SCORES_FILE, read_score_rows)

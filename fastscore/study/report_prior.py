@@ -105,12 +105,13 @@ def prior_section(prior: dict[str, Any] | None) -> str | None:
         "failed action's log-probability per token in the `before` context (nats/token; 0 = certain): the model's "
         "own greedy attempt is likely there, a seeded mutation is not, and a copy boost has more room to raise an "
         "unlikely string. G/token is the headline's (G = lp(before) - lp(after), negative = backfired), so a positive "
-        "gap (on-policy minus seeded) means the model's own failures backfire less. Bins: terciles of the pooled "
-        "prior of both sources in each scope (about a third of the items each, on the model's own scale; fixed edges "
-        "would have to guess it). Adjusted: the on_policy coefficient of least squares G/token ~ 1 + prior + "
-        "on_policy (the gap at equal prior, if the prior acts linearly and alike on both sources). "
-        f"Percentile-bootstrap 95% CIs with items resampled within each source ({boot.get('n_boot', '?')} resamples, "
-        f"seed {boot.get('seed', '?')}); a cell with fewer than {MIN_ITEMS} items of a source says so.")
+        "gap (on-policy minus seeded) means the model's own failures backfire less. Since lp(after) <= 0, G/token is "
+        "never below the prior: a prior near 0 leaves no room for a large negative G, by construction. Bins: "
+        "terciles of the pooled prior of both sources in each scope (about a third of the items each, on the model's "
+        "own scale; fixed edges would have to guess it). Adjusted: the on_policy coefficient of least squares "
+        "G/token ~ 1 + prior + on_policy (the gap at equal prior, if the prior acts linearly and alike on both "
+        f"sources). Percentile-bootstrap 95% CIs with items resampled within each source ({boot.get('n_boot', '?')} "
+        f"resamples, seed {boot.get('seed', '?')}); a cell with fewer than {MIN_ITEMS} items of a source says so.")
     return "\n\n".join([
         HEADING, intro,
         table(["scope", "prior bin (nats/token)", "seeded: mean prior", "seeded: G/token", "on-policy: mean prior",
