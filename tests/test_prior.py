@@ -174,3 +174,30 @@ def test_the_scoring_stage_s_log_probs_give_the_same_items_as_the_score_rows(tmp
     assert from_logprobs.envs == from_rows.envs
     assert from_logprobs.prior.tolist() == from_rows.prior.tolist() == [-3.0, -1.0]
     assert from_logprobs.gain_per_token.tolist() == from_rows.gain_per_token.tolist()
+
+
+def test_pooled_the_fit_gives_each_environment_its_intercept_so_a_source_mix_differing_by_env_is_no_gap():
+    # mbpp's G/token sits D lower at every prior, and 8 of the 10 on-policy items are mbpp against 2 of 10 seeded:
+    # without an intercept per environment that difference of environments would pass for one of sources.
+    D = -1.0
+    def env_items(source, priors_by_env, offset):
+        envs = tuple(e for e, ps in priors_by_env.items() for _ in ps)
+        prior = np.concatenate([np.asarray(ps, dtype=float) for ps in priors_by_env.values()])
+        gain = A + B * prior + offset + D * (np.asarray(envs) == "mbpp")
+        return PriorItems(source, envs, prior, gain)
+    seeded = env_items(SEEDED, {"tools": np.linspace(-3, -0.5, 8), "mbpp": [-2.0, -1.0]}, 0.0)
+    model = env_items(MODEL, {"tools": [-0.8, -0.2], "mbpp": np.linspace(-1.5, 0.0, 8)}, C)
+    pooled = prior_summary(seeded, model, n_boot=200, seed=0)["scopes"][POOLED]["gap"]
+    assert pooled["adjusted_for_prior"]["mean"] == pytest.approx(C)
+    assert pooled["adjusted_for_prior"]["lo"] == pytest.approx(C) and pooled["prior_slope"]["mean"] == pytest.approx(B)
+    coef = fit(np.r_[seeded.prior, model.prior], np.r_[np.zeros(10), np.ones(10)],
+               np.r_[seeded.gain_per_token, model.gain_per_token])  # one intercept for both environments
+    assert abs(coef[2] - C) > 0.3
+
+
+def test_the_reading_warns_when_few_items_lie_where_both_sources_priors_meet():
+    seeded = _items(SEEDED, np.r_[np.linspace(-3.0, -1.2, 9), -0.6])
+    model = _items(MODEL, np.r_[-0.9, np.linspace(-0.5, 0.0, 9)], offset=C)
+    reading = prior_reading(prior_summary(seeded, model, n_boot=200, seed=0)["scopes"])
+    assert "only 1 on-policy and 1 seeded items lie in the prior range both cover" in reading
+    assert "the gap **survives** adjustment for prior" in reading

@@ -8,8 +8,8 @@ sources, their G per token should agree at matched prior. Two ways to match, bot
 - bins of the prior, with edges at the terciles of the pooled prior of both sources (about a third of the items in
   each, on whatever scale the model's priors fall; fixed edges would have to guess that scale in advance). A bin
   where both sources have items is a matched comparison; one where a source is (nearly) absent says so.
-- least squares G/token ~ 1 + prior + on_policy: the on_policy coefficient is the gap at equal prior, under a linear
-  effect of the prior common to both sources. Where the sources' priors do not overlap it is an extrapolation of
+- least squares G/token ~ 1 + prior + on_policy (pooled over environments: + one intercept per environment): the
+  on_policy coefficient is the gap at equal prior, under a linear effect of the prior common to both sources. Where the sources' priors do not overlap it is an extrapolation of
   that line, and the result says how many items of each source lie in the common range.
 
 G and G/token are the study's own (`EnvTable.gain` over the `after` condition's token count, as in the headline);
@@ -182,11 +182,16 @@ def _bins(seeded: PriorItems, model: PriorItems, n_boot: int, seed: int, scope: 
     return tuple(out)
 
 
-def fit(prior: np.ndarray, on_policy: np.ndarray, gain: np.ndarray) -> np.ndarray | None:
-    """Least squares gain ~ 1 + prior + on_policy: (intercept, prior slope, on_policy offset); None if singular."""
-    design = np.column_stack([np.ones_like(prior), prior, on_policy.astype(float)])
+def fit(prior: np.ndarray, on_policy: np.ndarray, gain: np.ndarray, envs: np.ndarray | None = None
+        ) -> np.ndarray | None:
+    """Least squares gain ~ 1 + prior + on_policy (+ one intercept per environment after the first, when `envs`
+    holds several): (intercept, prior slope, on_policy offset, ...); None if the design is singular."""
+    columns = [np.ones_like(prior), prior, on_policy.astype(float)]
+    if envs is not None:
+        columns += [(envs == e).astype(float) for e in sorted(set(envs.tolist()))[1:]]
+    design = np.column_stack(columns)
     coef, _, rank, _ = np.linalg.lstsq(design, gain, rcond=None)
-    return coef if rank == 3 else None
+    return coef if rank == design.shape[1] else None
 
 
 def _overlap(seeded: PriorItems, model: PriorItems) -> dict[str, Any]:
@@ -207,7 +212,11 @@ def _gap(seeded: PriorItems, model: PriorItems, n_boot: int, seed: int, scope: s
     raw = Estimate(float(model.gain_per_token.mean() - seeded.gain_per_token.mean()),
                    *percentile_interval(boot_raw), n_s + n_m)
     on_policy = np.r_[np.zeros(n_s), np.ones(n_m)]
-    coef = fit(np.r_[seeded.prior, model.prior], on_policy, np.r_[seeded.gain_per_token, model.gain_per_token])
+    # Pooled, each environment gets its own intercept: G's level differs between environments, and so does each
+    # source's share of the items, which would otherwise pass for a difference of sources.
+    envs_s, envs_m = np.asarray(seeded.envs), np.asarray(model.envs)
+    coef = fit(np.r_[seeded.prior, model.prior], on_policy, np.r_[seeded.gain_per_token, model.gain_per_token],
+               np.r_[envs_s, envs_m])
     overlap = _overlap(seeded, model)
     if coef is None:
         reason = f"{NOT_APPLICABLE} (the prior is collinear with the failure source: the fit is singular)"
@@ -215,7 +224,8 @@ def _gap(seeded: PriorItems, model: PriorItems, n_boot: int, seed: int, scope: s
     boot = np.full((n_boot, 2), np.nan)
     for b in range(n_boot):  # each resample keeps both sources' sizes, so the design always holds both
         c = fit(np.r_[seeded.prior[idx_s[b]], model.prior[idx_m[b]]], on_policy,
-                np.r_[seeded.gain_per_token[idx_s[b]], model.gain_per_token[idx_m[b]]])
+                np.r_[seeded.gain_per_token[idx_s[b]], model.gain_per_token[idx_m[b]]],
+                np.r_[envs_s[idx_s[b]], envs_m[idx_m[b]]])
         if c is not None:
             boot[b] = c[2], c[1]
     singular = int(np.isnan(boot[:, 0]).sum())
@@ -261,7 +271,7 @@ def prior_summary(seeded: PriorItems, model: PriorItems, n_boot: int = 2000, see
     out = {
         "method": ("G/token of the failed action under 'after' against its prior, lp(before) per token; bins at the "
                    "terciles of the pooled prior of both sources; gap adjusted for prior = the on_policy coefficient "
-                   "of least squares G/token ~ 1 + prior + on_policy"),
+                   "of least squares G/token ~ 1 + prior + on_policy (pooled: + one intercept per environment)"),
         "bootstrap": {"n_boot": n_boot, "seed": seed, "level": CI_LEVEL,
                       "method": "percentile, items resampled within each failure source"},
         "scopes": {scope: a.to_dict() for scope, a in scopes.items()},

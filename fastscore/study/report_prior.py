@@ -14,6 +14,8 @@ from fastscore.study.report_control import cell, ci_pct, num, table
 
 HEADING = "## The failure's prior"
 SUMMARY_KEY = "failure_prior"
+# Fewer than this share of a source's items in the common prior range: the adjusted gap is mostly extrapolation.
+THIN_OVERLAP = 1 / 3
 
 
 def _value(entry: dict[str, Any] | None) -> str:
@@ -80,10 +82,10 @@ def prior_reading(scopes: dict[str, Any]) -> str:
     if overlap.get("prior_from") is None:
         text += (" Caution: the sources' priors do not overlap at all, so the adjusted gap extrapolates the linear "
                  "fit rather than comparing matched items.")
-    elif min(inside.get(MODEL, 0), inside.get(SEEDED, 0)) < MIN_ITEMS:
-        text += (f" Caution: the sources' priors barely overlap ({inside.get(MODEL, 0)} on-policy and "
-                 f"{inside.get(SEEDED, 0)} seeded items in the common range), so the adjusted gap extrapolates the "
-                 "linear fit rather than comparing matched items.")
+    elif any(inside.get(s, 0) < max(MIN_ITEMS, THIN_OVERLAP * n[s]) for s in (MODEL, SEEDED)):
+        text += (f" Caution: the sources' priors barely overlap (only {inside.get(MODEL, 0)} on-policy and "
+                 f"{inside.get(SEEDED, 0)} seeded items lie in the prior range both cover), so the adjusted gap rests "
+                 "mostly on the linear fit's extrapolation rather than on matched items.")
     return text
 
 
@@ -109,8 +111,8 @@ def prior_section(prior: dict[str, Any] | None) -> str | None:
         "never below the prior: a prior near 0 leaves no room for a large negative G, by construction. Bins: "
         "terciles of the pooled prior of both sources in each scope (about a third of the items each, on the model's "
         "own scale; fixed edges would have to guess it). Adjusted: the on_policy coefficient of least squares "
-        "G/token ~ 1 + prior + on_policy (the gap at equal prior, if the prior acts linearly and alike on both "
-        f"sources). Percentile-bootstrap 95% CIs with items resampled within each source ({boot.get('n_boot', '?')} "
+        "G/token ~ 1 + prior + on_policy, pooled with one intercept per environment (the gap at equal prior, if the "
+        f"prior acts linearly and alike on both sources). Percentile-bootstrap 95% CIs with items resampled within each source ({boot.get('n_boot', '?')} "
         f"resamples, seed {boot.get('seed', '?')}); a cell with fewer than {MIN_ITEMS} items of a source says so.")
     return "\n\n".join([
         HEADING, intro,
