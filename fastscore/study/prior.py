@@ -9,8 +9,9 @@ sources, their G per token should agree at matched prior. Two ways to match, bot
   each, on whatever scale the model's priors fall; fixed edges would have to guess that scale in advance). A bin
   where both sources have items is a matched comparison; one where a source is (nearly) absent says so.
 - least squares G/token ~ 1 + prior + on_policy (pooled over environments: + one intercept per environment): the
-  on_policy coefficient is the gap at equal prior, under a linear effect of the prior common to both sources. Where the sources' priors do not overlap it is an extrapolation of
-  that line, and the result says how many items of each source lie in the common range.
+  on_policy coefficient is the gap at equal prior, under a linear effect of the prior common to both sources. Where
+  the sources' priors do not overlap it is an extrapolation of that line, and the result says how many items of
+  each source lie in the common range.
 
 G and G/token are the study's own (`EnvTable.gain` over the `after` condition's token count, as in the headline);
 intervals are percentile bootstraps with items resampled within each failure source, seeded from the study's seed.

@@ -112,8 +112,9 @@ def prior_section(prior: dict[str, Any] | None) -> str | None:
         "terciles of the pooled prior of both sources in each scope (about a third of the items each, on the model's "
         "own scale; fixed edges would have to guess it). Adjusted: the on_policy coefficient of least squares "
         "G/token ~ 1 + prior + on_policy, pooled with one intercept per environment (the gap at equal prior, if the "
-        f"prior acts linearly and alike on both sources). Percentile-bootstrap 95% CIs with items resampled within each source ({boot.get('n_boot', '?')} "
-        f"resamples, seed {boot.get('seed', '?')}); a cell with fewer than {MIN_ITEMS} items of a source says so.")
+        "prior acts linearly and alike on both sources). Percentile-bootstrap 95% CIs with items resampled within "
+        f"each source ({boot.get('n_boot', '?')} resamples, seed {boot.get('seed', '?')}); a cell with fewer than "
+        f"{MIN_ITEMS} items of a source says so.")
     return "\n\n".join([
         HEADING, intro,
         table(["scope", "prior bin (nats/token)", "seeded: mean prior", "seeded: G/token", "on-policy: mean prior",
