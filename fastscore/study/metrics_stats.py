@@ -63,7 +63,8 @@ def bootstrap_means(values: np.ndarray, idx: np.ndarray) -> np.ndarray:
         return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
-def _percentiles(boot: np.ndarray, level: float) -> tuple[float | None, float | None]:
+def percentile_interval(boot: np.ndarray, level: float = CI_LEVEL) -> tuple[float | None, float | None]:
+    """The percentile interval of a statistic's bootstrap values (non-finite ones, e.g. empty resamples, left out)."""
     boot = boot[np.isfinite(boot)]
     if boot.size == 0:
         return None, None
@@ -82,7 +83,7 @@ def bootstrap_ci(values: np.ndarray, idx: np.ndarray, level: float = CI_LEVEL) -
     n = present_count(values)
     if n == 0:
         raise DataError("bootstrap_ci: no item has a value")
-    lo, hi = _percentiles(bootstrap_means(values, idx), level)
+    lo, hi = percentile_interval(bootstrap_means(values, idx), level)
     note = None if lo is not None else "no bootstrap resample contained an item with a value"
     return Estimate(float(np.nanmean(values)), lo, hi, n, note=note)
 
@@ -99,9 +100,9 @@ def ratio_ci(num: np.ndarray, den: np.ndarray, idx: np.ndarray, level: float = C
     if den_mean == 0.0:
         raise DataError("ratio_ci: the denominator's mean is exactly 0")
     boot_num, boot_den = bootstrap_means(num, idx), bootstrap_means(den, idx)
-    den_lo, den_hi = _percentiles(boot_den, level)
+    den_lo, den_hi = percentile_interval(boot_den, level)
     with np.errstate(invalid="ignore", divide="ignore"):
-        lo, hi = _percentiles(boot_num / boot_den, level)
+        lo, hi = percentile_interval(boot_num / boot_den, level)
     unstable = den_lo is None or den_lo <= 0.0 <= den_hi
     note = None if lo is not None else "no bootstrap resample contained an item with both values"
     return Estimate(float(np.nanmean(num)) / den_mean, lo, hi, n, unstable=unstable, note=note)

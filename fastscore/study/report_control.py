@@ -139,8 +139,10 @@ def pooled_line(pooled: dict[str, Any]) -> str:
             f"share G<0 = {cell(pooled.get('share_negative'))} (Wilson)")
 
 
-def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], meta_lines: list[str]) -> str:
-    """The top-level report of a run over several failure sources: the headline side by side, links to each."""
+def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], meta_lines: list[str],
+                   prior: dict[str, Any] | None = None) -> str:
+    """The top-level report of a run over several failure sources: the headline side by side, links to each;
+    `prior` (fastscore.study.prior.prior_summary) adds "The failure's prior" when both sources are in the run."""
     rows = []
     for source, summary in by_source.items():
         for key, s in summary.items():
@@ -173,6 +175,7 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
         + ", ".join(f"[{s}]({link})" for s, link in links.items()) + ".",
         "## Headline\n\n" + table(HEADLINE_HEADER, rows),
         mix_section(by_source),
+        *_prior(by_source, prior),
         "## Clean retry\n\nShare of k sampled retries (temperature 1.0, seeded) from the clean context that "
         "reproduce the failed action token for token, next to the exact probability exp(lp) that one temperature-1 "
         "sample reproduces it under the other harnesses (which k retries estimate). Under seeded failures the failed "
@@ -181,6 +184,13 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
                  "dont_repeat: exp(lp)", "before: exp(lp) (= clean context)"], retry),
         *_sensitivity_by_source(by_source),
     ])
+
+
+def _prior(by_source: dict[str, dict[str, Any]], prior: dict[str, Any] | None) -> list[str]:
+    from fastscore.study.report_prior import prior_section  # it renders with this module's cells
+
+    section = prior_section(prior) if {"seeded", "model"} <= set(by_source) else None
+    return [section] if section else []
 
 
 def _sensitivity_by_source(by_source: dict[str, dict[str, Any]]) -> list[str]:

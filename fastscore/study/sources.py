@@ -8,8 +8,10 @@ import logging
 from pathlib import Path
 
 from fastscore.outputs import write_text_atomic
+from fastscore.study.prior import MODEL, SEEDED, prior_of_run
 from fastscore.study.report import REPORT_NAME
 from fastscore.study.report_control import sources_report
+from fastscore.study.report_prior import SUMMARY_KEY as PRIOR_KEY
 from fastscore.study.store import SUMMARY_FILE
 
 log = logging.getLogger(__name__)
@@ -20,15 +22,18 @@ def combine_sources(config, outcomes: dict, total_seconds: float):
 
     out = Path(config.out_dir)
     summaries = {source: o.summary for source, o in outcomes.items()}
+    # Per-item values the side-by-side summaries do not keep: read back from each source's stored score rows.
+    prior = prior_of_run(out, config.n_boot, config.seed) if set(outcomes) >= {SEEDED, MODEL} else None
     summary_path = out / SUMMARY_FILE
-    write_text_atomic(summary_path, json.dumps(summaries, indent=1, sort_keys=True, allow_nan=False) + "\n")
+    stored = {**summaries, **({PRIOR_KEY: prior} if prior else {})}
+    write_text_atomic(summary_path, json.dumps(stored, indent=1, sort_keys=True, allow_nan=False) + "\n")
     stages = {f"{source}: {stage}": seconds for source, o in outcomes.items() for stage, seconds in
               o.stage_seconds.items()}
     meta = [f"Model `{config.model}` ({config.backend}, {config.quant}); seed {config.seed}; "
             f"{'every usable item' if config.limit is None else f'{config.limit} items'} per environment and source; "
             f"measured time {total_seconds:.0f} s (" + ", ".join(f"{s} {o.total_seconds:.0f} s"
                                                             for s, o in outcomes.items()) + ")."]
-    text = sources_report(summaries, {s: f"{s}/{REPORT_NAME}" for s in outcomes}, meta)
+    text = sources_report(summaries, {s: f"{s}/{REPORT_NAME}" for s in outcomes}, meta, prior)
     report = out / REPORT_NAME
     write_text_atomic(report, text.rstrip() + "\n")
     log.info("wrote %s", report)
