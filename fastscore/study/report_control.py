@@ -173,6 +173,7 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
         + ", ".join(f"[{s}]({link})" for s, link in links.items()) + ".",
         "## Headline\n\n" + table(HEADLINE_HEADER, rows),
         mix_section(by_source),
+        _redactions(by_source),
         "## Clean retry\n\nShare of k sampled retries (temperature 1.0, seeded) from the clean context that "
         "reproduce the failed action token for token, next to the exact probability exp(lp) that one temperature-1 "
         "sample reproduces it under the other harnesses (which k retries estimate). Under seeded failures the failed "
@@ -181,6 +182,12 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
                  "dont_repeat: exp(lp)", "before: exp(lp) (= clean context)"], retry),
         *_sensitivity_by_source(by_source),
     ])
+
+
+def _redactions(by_source: dict[str, dict[str, Any]]) -> str:
+    from fastscore.study.redactions import redaction_section  # it builds on this module's table helpers
+
+    return redaction_section(by_source)
 
 
 def _sensitivity_by_source(by_source: dict[str, dict[str, Any]]) -> list[str]:
