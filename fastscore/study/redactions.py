@@ -1,4 +1,4 @@
-"""How many items' descriptions had quoted substrings of the failed action replaced by a marker (fastscore.study.hygiene):
+"""How many items' descriptions had quoted substrings of the failed action replaced by a marker (study.hygiene),
 counted per environment into summary.json and stated next to the items and skip reasons in the report.
 
 On the model's own failures the runtime's and the tests' wording names what the model wrote; such items are kept with
