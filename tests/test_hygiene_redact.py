@@ -94,20 +94,34 @@ def _tools_data(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_a_tools_answer_in_prose_that_shares_words_with_the_description_is_kept_redacted(tmp_path):
+def test_a_tools_answer_in_prose_keeps_the_words_the_description_always_uses(tmp_path):
+    from fastscore.study.envs.tools.describe import WORDING
     from fastscore.study.envs.tools.env import ToolsEnv, system_prompt
 
     env = ToolsEnv(_tools_data(tmp_path))
-    # Prose long enough that the description is padded; it shares "Your" and "not" with the runtime's wording.
+    # Prose that shares "Your" and "not" with the runtime's fixed wording: those are not quotes of it, and redacting
+    # them would turn "was not a well-formed single call" into "was … a well-formed single call".
     action = "Your rectangle is not a square; its area is 12, computed with calculate_area."
     outcome = env.evaluate("simple_python_0", action)
     assert not outcome.ok and outcome.kind == "syntax_error"
     item = env.item_from_failure("simple_python_0", action, outcome, seed=0)
     context = system_prompt(env.source("simple_python_0")) + "\n" + item.task
-    assert item.meta["description_redacted"] == 2
-    assert item.description.startswith(f"{REDACTED} previous attempt was {REDACTED} a well-formed single call")
-    assert quoted(item.description, action, item.correct_actions[0], context) == []
+    assert {"Your", "not"} <= set(quoted(item.description, action, item.correct_actions[0], context))  # without
+    assert item.meta["description_redacted"] == 0
+    assert item.description.startswith("Your previous attempt was not a well-formed single call")
+    assert quoted(item.description, action, item.correct_actions[0], context, WORDING) == []
     assert item.error_message == outcome.message  # unchanged
+
+
+def test_a_name_the_model_made_up_is_redacted_even_beside_template_words():
+    from fastscore.study.envs.tools.describe import WORDING
+
+    assert {"not", "call", "Your", "previous"} <= WORDING and "describe_failure" in WORDING  # string constants
+    assert "Runtime-generated" not in WORDING  # the module docstring is not wording
+    failed = "Your answer: calculate_aera(width=3)"
+    description = "Your previous attempt called `calculate_aera`, which is not a tool."
+    text, count = redact(description, failed, "calculate_area(width=3, height=4)", "", WORDING)
+    assert (text, count) == (f"Your previous attempt called `{REDACTED}`, which is not a tool.", 1)
 
 
 def test_seeded_items_record_their_redaction_count(tmp_path):
@@ -117,8 +131,13 @@ def test_seeded_items_record_their_redaction_count(tmp_path):
     items, _ = build_items(write_tasks(tmp_path / "m", TASKS), limit=10, seed=3)
     items += tools_items(_tools_data(tmp_path / "t"), None, 0)[0]
     assert items and all(isinstance(i.meta["description_redacted"], int) for i in items)
+    from fastscore.study.envs.mbpp.describe import WORDING as MBPP
+    from fastscore.study.envs.tools.describe import WORDING as TOOLS
+
     for item in items:
-        assert quoted(item.description, item.failed_action, item.candidates[1], item.system + "\n" + item.task) == []
+        wording = TOOLS if item.env == "tools" else MBPP
+        assert quoted(item.description, item.failed_action, item.candidates[1], item.system + "\n" + item.task,
+                      wording) == []
 
 
 def _item(env: str, i: int, redacted: int | None):

@@ -14,15 +14,34 @@ replaced by a marker (`redact`), and `check_description` stays the final guard.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
 
 
-def distinctive_substrings(failed: str, correct: str, context: str) -> tuple[str, ...]:
+def template_wording(module_name: str) -> frozenset[str]:
+    """The names (3+ characters) a description module writes literally: the words of its string constants and
+    f-string texts, docstrings left out. A description uses them whatever the model wrote ("not", "call"), so one
+    of them in the failed action is not a quote of it; redacting them would change what the description says."""
+    import ast
+    import importlib
+    import inspect
+
+    tree = ast.parse(inspect.getsource(importlib.import_module(module_name)))
+    docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return frozenset(word for node in ast.walk(tree)
+                     if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                     for word in _NAME.findall(node.value))
+
+
+def distinctive_substrings(failed: str, correct: str, context: str,
+                           wording: Iterable[str] = ()) -> tuple[str, ...]:
+    """The failed action, its lines not in the correct action, and its names in none of the correct action, the
+    context and the description's own `wording` (template_wording)."""
     correct_lines = {line.strip() for line in correct.splitlines()}
     lines = [line.strip() for line in failed.splitlines()
              if line.strip() and line.strip() not in correct_lines and not line.strip().startswith("```")]
-    known = set(_NAME.findall(correct)) | set(_NAME.findall(context))
+    known = set(_NAME.findall(correct)) | set(_NAME.findall(context)) | set(wording)
     names = sorted(set(_NAME.findall(failed)) - known)
     return tuple(dict.fromkeys([failed.strip(), *lines, *names]))
 
@@ -40,10 +59,10 @@ def _word(part: str) -> re.Pattern[str]:
     return re.compile(rf"(?<![A-Za-z0-9_]){re.escape(part)}(?![A-Za-z0-9_])")
 
 
-def quoted(description: str, failed: str, correct: str, context: str) -> list[str]:
+def quoted(description: str, failed: str, correct: str, context: str, wording: Iterable[str] = ()) -> list[str]:
     """The distinctive substrings of the failed action that the description contains (names as whole words)."""
     found = []
-    for part in distinctive_substrings(failed, correct, context):
+    for part in distinctive_substrings(failed, correct, context, wording):
         if _NAME.fullmatch(part):
             if _word(part).search(description):
                 found.append(part)
@@ -52,14 +71,16 @@ def quoted(description: str, failed: str, correct: str, context: str) -> list[st
     return found
 
 
-def check_description(description: str, failed: str, correct: str, context: str) -> None:
+def check_description(description: str, failed: str, correct: str, context: str,
+                      wording: Iterable[str] = ()) -> None:
     """ValueError naming what the description would quote."""
-    leaks = quoted(description, failed, correct, context)
+    leaks = quoted(description, failed, correct, context, wording)
     if leaks:
         raise ValueError(f"the description would quote the failed action's {', '.join(map(repr, leaks[:3]))}")
 
 
-def redact(description: str, failed: str, correct: str, context: str) -> tuple[str, int]:
+def redact(description: str, failed: str, correct: str, context: str,
+           wording: Iterable[str] = ()) -> tuple[str, int]:
     """The description with every quoted distinctive substring replaced by REDACTED, and how many were replaced.
 
     Longest first, so a quoted line is replaced whole before its names are looked for; names whole-word, as `quoted`
@@ -67,7 +88,7 @@ def redact(description: str, failed: str, correct: str, context: str) -> tuple[s
     until nothing is quoted. A substring the marker itself contains cannot be removed: the caller's
     check_description then fails, as it must, instead of a quoting description being kept.
     """
-    parts = sorted(distinctive_substrings(failed, correct, context), key=len, reverse=True)
+    parts = sorted(distinctive_substrings(failed, correct, context, wording), key=len, reverse=True)
     count = 0
     for _ in range(_MAX_PASSES):
         before = description
@@ -78,6 +99,6 @@ def redact(description: str, failed: str, correct: str, context: str) -> tuple[s
                 n = description.count(part)
                 description = description.replace(part, REDACTED)
             count += n
-        if description == before or not quoted(description, failed, correct, context):
+        if description == before or not quoted(description, failed, correct, context, wording):
             break
     return description, count

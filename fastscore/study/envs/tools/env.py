@@ -24,7 +24,7 @@ from fastscore.study.hygiene import check_description, redact
 from fastscore.study.envs.base import Outcome, Records, StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.envs.tools.answers import GroundTruthError, canonical_call, match_answer
-from fastscore.study.envs.tools.describe import describe_failure
+from fastscore.study.envs.tools.describe import WORDING, describe_failure
 from fastscore.study.envs.tools.native import NativeItem, native_item
 from fastscore.study.envs.tools.mutations import mutation_rng, seeded_mutations
 from fastscore.study.envs.tools.prose import SEEDED_MIX, seeded_prose
@@ -171,8 +171,9 @@ def _description(source: ToolSource, outcome: ToolOutcome, action: str, call: Ca
     failed call or a name it made up (fastscore.study.hygiene)."""
     target = len(action) + len(outcome.error)
     context = system_prompt(source) + "\n" + source.question
-    text, redacted = redact(describe_failure(outcome, call, runtime.functions, target), action, truth.render(), context)
-    check_description(text, action, truth.render(), context)
+    text, redacted = redact(describe_failure(outcome, call, runtime.functions, target), action, truth.render(), context,
+                            WORDING)
+    check_description(text, action, truth.render(), context, WORDING)
     return text, redacted
 
 
