@@ -114,7 +114,11 @@ def test_cli_writes_every_output_file_with_every_metric(baseline):
             assert metric in conds["after"], metric
         assert "banned_mass" in conds["ban"]
         assert set(summary[env]["remedies"]) >= {"description", "dont_repeat", "clean_retry", "ban"}
+        redacted = summary[env]["description_redacted"]  # counted from the stored items' meta
+        assert redacted["n_items"] == LIMIT and redacted["n_redacted"] == sum(
+            i["meta"]["description_redacted"] > 0 for i in items if i["env"] == env)
     report = (baseline / "report.md").read_text()
+    assert "Descriptions redacted:" in report.split("## Items", 1)[1].split("\n## ", 1)[0]
     assert "## Stage timings" in report and "greedy decoding" in report
     weights = report.split("## Weights", 1)[1].split("##", 1)[0].strip()
     assert weights and weights != "not recorded"

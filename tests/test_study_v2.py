@@ -54,18 +54,25 @@ def test_hygiene_finds_a_quoted_typo_and_a_changed_line():
     assert quoted("It did `return a - 1`.", program, reference, "") == ["return a - 1"]
 
 
-def test_a_degenerate_or_accepted_attempt_is_excluded_with_a_reason_not_a_crash(study_data):
-    from fastscore.study.envs.tools.env import ToolsEnv
+def test_a_degenerate_attempt_is_kept_with_a_redacted_description_and_an_accepted_one_excluded_not_a_crash(study_data):
+    from fastscore.study.envs.tools.env import ToolsEnv, system_prompt
+    from fastscore.study.hygiene import REDACTED
 
     env = ToolsEnv(study_data)
     item = env.build_items(1, SEED)[0][0]
-    for attempt in ("call", item.correct_actions[0]):
-        outcome = env.evaluate(item.source_id, attempt)
-        with pytest.raises(ValueError) as caught:
-            if outcome.ok:
-                raise ValueError("the model's own attempt succeeded")
-            env.item_from_failure(item.source_id, attempt, outcome, SEED)
-        print(attempt, "->", caught.value)
+    # The degenerate attempt `call` is a real rejection; its only name is a word of the runtime's own description
+    # ("...not a well-formed single call"), which used to exclude it and is now replaced by the marker.
+    outcome = env.evaluate(item.source_id, "call")
+    assert not outcome.ok and outcome.kind == "syntax_error"
+    made = env.item_from_failure(item.source_id, "call", outcome, SEED)
+    assert made.meta["description_redacted"] == 1 and f"single {REDACTED}:" in made.description
+    context = system_prompt(env.source(item.source_id)) + "\n" + made.task
+    assert quoted(made.description, "call", made.candidates[1], context) == []
+    assert made.error_message == outcome.message  # the runtime's own text, which names `call`, is unchanged
+    accepted = item.correct_actions[0]
+    assert env.evaluate(item.source_id, accepted).ok  # the builder skips it ("the model's own attempt succeeded")
+    with pytest.raises(ValueError, match="accepted"):
+        env.item_from_failure(item.source_id, accepted, env.evaluate(item.source_id, accepted), SEED)
 
 
 def test_an_attempt_cut_off_at_the_token_cap_is_skipped_with_its_reason(study_data):

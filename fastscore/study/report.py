@@ -15,13 +15,13 @@ from fastscore.study.conditions import (
     CLEAN_RETRY_SEEDED, CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES, SAME_AS_REFERENCE,
 )
 from fastscore.study.metrics import POOLED
-from fastscore.study.report_control import cell as _cell
-from fastscore.study.report_control import ci_pct as _ci_pct
+from fastscore.study.report_control import cell as _cell, ci_pct as _ci_pct
 from fastscore.study.report_control import copy_control_section, delta_reading, kinds_section, pooled_section
 from fastscore.study.report_control import pooled_line, seeded_mix_text
 from fastscore.study.report_control import num as _num
 from fastscore.study.report_control import table as _table
 from fastscore.study.report_sensitivity import sensitivity_section
+from fastscore.study.redactions import redaction_note
 from fastscore.study.envs import env_class
 from fastscore.study.items import Skipped
 from fastscore.study.plots import PLOT_FILES, PLOT_TITLES
@@ -84,7 +84,7 @@ def write_report(summary: dict[str, Any], out_dir: Path, meta: dict[str, Any]) -
         _run_parameters(meta),
         *([versions_markdown(meta["provenance"])] if "provenance" in meta else []),
         _stage_timings(meta.get("stage_seconds") or {}, meta.get("stage_tokens") or {}),
-        _items(envs, meta.get("skipped") or {}),
+        _items(envs, meta.get("skipped") or {}) + redaction_note(envs, meta.get("failure_source")),
         *([pooled_section(summary[POOLED])] if POOLED in summary else []),
         *filter(None, [sensitivity_section(summary)]),
     ]

@@ -176,6 +176,7 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
         "## Headline\n\n" + table(HEADLINE_HEADER, rows),
         mix_section(by_source),
         *_prior(by_source, prior),
+        _redactions(by_source),
         "## Clean retry\n\nShare of k sampled retries (temperature 1.0, seeded) from the clean context that "
         "reproduce the failed action token for token, next to the exact probability exp(lp) that one temperature-1 "
         "sample reproduces it under the other harnesses (which k retries estimate). Under seeded failures the failed "
@@ -191,6 +192,12 @@ def _prior(by_source: dict[str, dict[str, Any]], prior: dict[str, Any] | None) -
 
     section = prior_section(prior) if {"seeded", "model"} <= set(by_source) else None
     return [section] if section else []
+
+
+def _redactions(by_source: dict[str, dict[str, Any]]) -> str:
+    from fastscore.study.redactions import redaction_section  # it builds on this module's table helpers
+
+    return redaction_section(by_source)
 
 
 def _sensitivity_by_source(by_source: dict[str, dict[str, Any]]) -> list[str]:

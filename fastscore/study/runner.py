@@ -27,6 +27,7 @@ from fastscore.study.envs import ENVS, env_class, items_for_envs, open_envs, see
 from fastscore.study.envs.base import StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.metrics import read_score_rows, summarize
+from fastscore.study.redactions import attach_redactions
 from fastscore.study.onpolicy import ModelFailureBuilder
 from fastscore.study.stages.decode import DecodePlan, greedy_stage
 from fastscore.study.stages.score import score_stage
@@ -309,6 +310,7 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
     with timer("summarise"):
         rows = read_score_rows(store.path(SCORES_FILE))
         summary = summarize(rows, seed=config.seed, n_boot=config.n_boot)
+        attach_redactions(summary, items)
         if config.sensitivity:
             attach_sensitivity(summary, store, config.seed, config.n_boot)
         summary_path = store.write_summary(summary)

@@ -13,6 +13,7 @@ import ast
 import warnings
 
 from fastscore.study.envs.mbpp.sandbox import RunOutcome
+from fastscore.study.hygiene import template_wording
 
 
 _EXCEPTION_GLOSSES = {
@@ -120,3 +121,7 @@ def describe_failure(program: str, outcome: RunOutcome, tests: tuple[str, ...], 
             if slot == "test":
                 break  # the tests are listed as a prefix: stop at the first one that overshoots
     return render()
+
+
+# Words this module writes whatever the model wrote: not quotes of a failed action (fastscore.study.hygiene).
+WORDING = template_wording(__name__)

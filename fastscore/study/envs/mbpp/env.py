@@ -26,10 +26,10 @@ from tqdm import tqdm
 from fastscore.decode import ActionDone
 from fastscore.errors import DataError
 from fastscore.study.datafile import read_json_objects
-from fastscore.study.hygiene import check_description
+from fastscore.study.hygiene import check_description, redact
 from fastscore.study.envs.base import Outcome, Records, StudyEnv
 from fastscore.study.items import Item, Skipped
-from fastscore.study.envs.mbpp.describe import describe_failure
+from fastscore.study.envs.mbpp.describe import WORDING, describe_failure
 from fastscore.study.envs.mbpp.mutations import Mutant, seeded_mutants
 from fastscore.study.envs.mbpp.isolation import NOT_ISOLATED_NOTE
 from fastscore.study.envs.mbpp.sandbox import RunOutcome, SandboxLimits, run_program, use_isolation
@@ -212,13 +212,16 @@ def _item(source: MbppSource, item_id: str, program: str, outcome: RunOutcome, k
         # Fewer failing mutants than needed: the set has a fixed size so P(repeat) means the same on every item.
         raise ValueError(f"only {len(set(candidates))} distinct candidates "
                          f"(the set has a fixed size of {N_CANDIDATES})")
-    description = _description(program, outcome, source)
-    check_description(description, failed_action, reference, SYSTEM_PROMPT + "\n" + _task_text(source))
+    # The outline names the program's own functions and parameters: on the model's own programs those quote its
+    # names, which are replaced by a marker (the error record, error_message, stays as the tests printed it).
+    context = SYSTEM_PROMPT + "\n" + _task_text(source)
+    description, redacted = redact(_description(program, outcome, source), failed_action, reference, context, WORDING)
+    check_description(description, failed_action, reference, context, WORDING)
     return Item(
         env=ENV, item_id=item_id, source_id=str(source.task_id), system=SYSTEM_PROMPT, task=_task_text(source),
         failed_action=failed_action, error_message=outcome.message, failure_kind=kind, correct_actions=(reference,),
         candidates=candidates, description=description,
-        meta={"status": outcome.status, "failing_test": outcome.failing_test, **meta,
+        meta={"status": outcome.status, "failing_test": outcome.failing_test, "description_redacted": redacted, **meta,
               "candidate_statuses": [outcome.status, "passed", *(o.status for _, o in extras)]},
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from fastscore.study.envs.tools.runtime import Call, ToolOutcome, type_label
+from fastscore.study.hygiene import template_wording
 
 
 _ERROR_CLASS = re.compile(r"^([A-Za-z]+Error):")
@@ -121,3 +122,7 @@ def describe_failure(outcome: ToolOutcome, call: Call | None, functions: dict[st
             break
         text = f"{text} {sentence}"
     return text
+
+
+# Words this module writes whatever the model wrote: not quotes of a failed action (fastscore.study.hygiene).
+WORDING = template_wording(__name__)

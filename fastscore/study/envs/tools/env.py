@@ -20,11 +20,11 @@ from typing import Any
 
 from fastscore.errors import DataError
 from fastscore.study.datafile import read_json_objects
-from fastscore.study.hygiene import check_description
+from fastscore.study.hygiene import check_description, redact
 from fastscore.study.envs.base import Outcome, Records, StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.envs.tools.answers import GroundTruthError, canonical_call, match_answer
-from fastscore.study.envs.tools.describe import describe_failure
+from fastscore.study.envs.tools.describe import WORDING, describe_failure
 from fastscore.study.envs.tools.native import NativeItem, native_item
 from fastscore.study.envs.tools.mutations import mutation_rng, seeded_mutations
 from fastscore.study.envs.tools.prose import SEEDED_MIX, seeded_prose
@@ -165,12 +165,16 @@ def system_prompt(source: ToolSource) -> str:
 
 
 def _description(source: ToolSource, outcome: ToolOutcome, action: str, call: Call | None, runtime: ToolRuntime,
-                 truth: Call) -> str:
-    """ValueError if the description would quote the failed call or a name it made up (fastscore.study.hygiene)."""
+                 truth: Call) -> tuple[str, int]:
+    """The description and how many quoted substrings of the failed call were replaced by a marker (the model's own
+    calls and prose can share names and words with the runtime's text); ValueError if it would still quote the
+    failed call or a name it made up (fastscore.study.hygiene)."""
     target = len(action) + len(outcome.error)
-    text = describe_failure(outcome, call, runtime.functions, target)
-    check_description(text, action, truth.render(), system_prompt(source) + "\n" + source.question)
-    return text
+    context = system_prompt(source) + "\n" + source.question
+    text, redacted = redact(describe_failure(outcome, call, runtime.functions, target), action, truth.render(), context,
+                            WORDING)
+    check_description(text, action, truth.render(), context, WORDING)
+    return text, redacted
 
 
 def _item(source: ToolSource, item_id: str, failed: str, outcome: ToolOutcome, kind: str, truth: Call,
@@ -203,9 +207,9 @@ def _seeded_item(source: ToolSource, seed: int) -> Item:
     if outcome.ok or outcome != failed.outcome:
         raise AssertionError(f"{source.source_id}: failed call {failed.text!r} is not rejected by the runtime")
     try:
-        description = _description(source, outcome, failed.text, failed.call, runtime, truth)
+        description, redacted = _description(source, outcome, failed.text, failed.call, runtime, truth)
         return _item(source, f"{ENV}:{source.source_id}", failed.text, outcome, failed.kind, truth, others,
-                     description, {"seed": seed, "failures": "seeded"})
+                     description, {"seed": seed, "failures": "seeded", "description_redacted": redacted})
     except ValueError as exc:
         raise _Unusable(str(exc)) from None
 
@@ -269,9 +273,9 @@ def item_from_failure(source: ToolSource, action: str, outcome: ToolOutcome, see
         call = parse_call(action)
     except ToolRejection:
         call = None
-    description = _description(source, outcome, action, call, runtime, truth)
+    description, redacted = _description(source, outcome, action, call, runtime, truth)
     return _item(source, f"{ENV}:{source.source_id}:model", action, outcome, "model", truth, others,
-                 description, {"seed": seed, "failures": "model"})
+                 description, {"seed": seed, "failures": "model", "description_redacted": redacted})
 
 
 def _called_function(item: Item) -> str:
