@@ -157,6 +157,30 @@ def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]
     return lines
 
 
+def ratio_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]) -> list[str]:
+    """Each measured type's rates over the same model's llama.cpp f32 rates from the same results folder, with the
+    load average before each of the two scoring steps (other work on the machine moves both)."""
+    lines = ["| model | type | pp512 / f32 | shared scoring unique tok/s / f32 | greedy decode / f32 | greedy with "
+             "prefill / f32 | load (1 min) before scoring: type / f32 |", "|---|---|---|---|---|---|---|"]
+    ratio = lambda a, b: _f(a / b, 2) if a is not None and b else "–"  # noqa: E731
+    for res in all_results:
+        base = rates(res, "llamacpp", "f32")
+        if base is None:
+            continue
+        base_load = res["steps"][step_name("score", "llamacpp", "f32")].get("load_average_before", [None])[0]
+        for backend, quant in configs:
+            r = rates(res, backend, quant)
+            if r is None or (backend, quant) == ("llamacpp", "f32"):
+                continue
+            load = res["steps"][step_name("score", backend, quant)].get("load_average_before", [None])[0]
+            lines.append(f"| {res['label']} | {backend} {quant} | {ratio(r['pp'], base['pp'])} | "
+                         f"{ratio(r['unique'], base['unique'])} | "
+                         f"{ratio(r.get('greedy_decode'), base.get('greedy_decode'))} | "
+                         f"{ratio(r.get('greedy_with_prefill'), base.get('greedy_with_prefill'))} | "
+                         f"{_f(load, 2)} / {_f(base_load, 2)} |")
+    return lines
+
+
 def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int],
                     fast_candidates: Sequence[tuple[str, str]], threads: int, cores: int,
                     factors: dict[str, float] | None = None) -> list[str]:
@@ -222,6 +246,9 @@ def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str
     out = ["Conversion (each step in its own process, its read-back check included; CPU s: user + system of the step "
            "and its subprocesses)", "", *conversion_rows(all_results), "",
            "Scoring and decoding (bench workload; medians of the timed runs)", "", *scoring_rows(all_results, configs)]
+    ratios = ratio_rows(all_results, configs)
+    if len(ratios) > 2:
+        out += ["", "Rates relative to llama.cpp f32 of the same model (the rows above: type / f32)", "", *ratios]
     loads = sorted({tuple(s.get("load_average_before", ())) for r in all_results for s in r["steps"].values()
                     if s.get("load_average_before")})
     if loads:
