@@ -149,19 +149,20 @@ def conversion_rows(all_results: Sequence[dict]) -> list[str]:
 
 def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]) -> list[str]:
     lines = ["| model | type | pp512 tok/s | shared scoring: unique tok/s (computed) | batched greedy decode tok/s "
-             "(with prefill) | peak RSS scoring / greedy GB |", "|---|---|---|---|---|---|"]
+             "(with prefill) | peak RSS scoring / greedy GB | unique tok/s per CPU s (core share) |", "|---|---|---|---|---|---|---|"]
     for res in all_results:
         for backend, quant in configs:
             r = rates(res, backend, quant)
             if r is None:
                 step = res["steps"].get(step_name("score", backend, quant), {})
                 if "error" in step:
-                    lines.append(f"| {res['label']} | {backend} {quant} | failed: {step['error'][:160]} | | | |")
+                    lines.append(f"| {res['label']} | {backend} {quant} | failed: {step['error'][:160]} | | | | |")
                 continue  # not measured: no row (the conversion table shows what exists)
             greedy = (f"{_f(r.get('greedy_decode'), 1)} ({_f(r.get('greedy_with_prefill'), 1)})"
                       if "greedy_decode" in r else "–")
             lines.append(f"| {res['label']} | {backend} {quant} | {_f(r['pp'], 1)} | {_f(r['unique'], 1)} "
-                         f"({_f(r['score_computed'], 1)}) | {greedy} | {_gb(r['score_rss'])} / {_gb(r.get('greedy_rss'))} |")
+                         f"({_f(r['score_computed'], 1)}) | {greedy} | {_gb(r['score_rss'])} / {_gb(r.get('greedy_rss'))} | "
+                         f"{_f(r.get('unique_cpu'), 1)} ({_f(r.get('score_core_share'), 2)}) |")
     return lines
 
 

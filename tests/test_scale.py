@@ -171,7 +171,8 @@ def test_the_ratio_table_divides_each_type_by_the_same_models_f32_by_wall_and_cp
     assert rows[2] == "| m | llamacpp f16 | 2.00 (4.00) | 0.50 (1.00) | 0.50 (1.00) | 0.60 (1.20) | 0.25 / 0.50 | 3.00 / 1.50 |"
     assert rows[3] == "| m | onnx fp32 | 0.50 | 2.00 | 2.00 | 1.50 | – / 0.50 | 0.50 / 1.50 |"  # no CPU time: wall only
     assert len(rows) == 4
-    assert "type / f32" in projection.render(results, [], None, SCORING)
+    table = projection.render(results, [], None, SCORING)
+    assert "type / f32" in table and "| m | llamacpp f16 | 256.0 | 20.0 (25.0) | 8.0 (14.4) | – / – | 80.0 (0.25) |" in table
 
 
 @pytest.fixture(scope="module")
