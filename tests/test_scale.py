@@ -126,6 +126,10 @@ def test_bench_scale_records_each_step_once_with_its_memory(tiny_model, study_da
     assert {name: load_results(tmp_path, model)["steps"][name]["measured_at"] for name in keep} == stamps
     table = projection.render([results], [], None, SCORING)
     assert "| llamacpp f32 |" in table and "llamacpp q8_0" not in table  # only what was measured has a row
+    # printing the tables measures nothing, so it leaves the options the measurements ran with as they are
+    options = (tmp_path / "options.json").read_text()
+    run_scale(ScaleOptions(out_dir=tmp_path, data_dir=study_data, models=(model,), skip=("convert", "score", "greedy")))
+    assert (tmp_path / "options.json").read_text() == options
 
 
 def test_projection_reads_the_study_stage_table_as_the_study_writes_it(tmp_path):
