@@ -31,6 +31,17 @@ def timed(fn: Callable[[], object], repeats: int, warmup: Callable[[], object] |
     return median(times), times, result
 
 
+def _cpu_timed(fn: Callable[[], object], cpu: list[float]) -> Callable[[], object]:
+    """`fn`, appending the CPU seconds of this process (every thread) it took to `cpu`: on a machine shared with
+    other work a step gets a varying share of a core, which moves its wall time but hardly its CPU time."""
+    def run():
+        started = time.process_time()
+        result = fn()
+        cpu.append(time.process_time() - started)
+        return result
+    return run
+
+
 def flat_requests(workload: Workload) -> list[ScoreRequest]:
     return [ScoreRequest(s.id, s.messages, c) for s in workload.sets for c in s.candidates]
 
@@ -113,11 +124,12 @@ def measure_rates(scorer, workload: Workload, repeats: int, pp_tokens: int = 512
     with short warm-ups (one request; a 32-token prefill) so a large model spends its time on the timed runs."""
     backend = scorer.backend
     requests = token_requests(scorer, workload)
-    shared_s, shared_runs, _ = timed(_run_counted(backend, lambda: backend.score_tokens(requests)), repeats,
-                                     warmup=lambda: backend.score_tokens(requests[:1]))
+    shared_cpu, pp_cpu = [], []
+    shared_s, shared_runs, _ = timed(_cpu_timed(_run_counted(backend, lambda: backend.score_tokens(requests)), shared_cpu),
+                                     repeats, warmup=lambda: backend.score_tokens(requests[:1]))
     shared_stats = _stats(backend)
     pp = prefill_request(requests, pp_tokens)
-    pp_s, pp_runs, _ = timed(_run_counted(backend, lambda: backend.score_tokens([pp])), repeats,
+    pp_s, pp_runs, _ = timed(_cpu_timed(_run_counted(backend, lambda: backend.score_tokens([pp])), pp_cpu), repeats,
                              warmup=lambda: backend.score_tokens([prefill_request(requests, 32)]))
     return {
         "digest": requests_digest(requests),
@@ -125,8 +137,9 @@ def measure_rates(scorer, workload: Workload, repeats: int, pp_tokens: int = 512
         "requested_tokens": int(sum(len(r.tokens) for r in requests)),
         "trie_minimal_tokens": int(distinct_prefix_positions([r.tokens for r in requests]).size),
         "scored_tokens": int(sum(r.n_scored for r in requests)),
-        "shared": {"seconds": shared_s, "runs": shared_runs, "stats": shared_stats},
-        "prefill": {"tokens": pp_tokens, "seconds": pp_s, "runs": pp_runs, "stats": _stats(backend)},
+        "shared": {"seconds": shared_s, "runs": shared_runs, "cpu_seconds": median(shared_cpu), "stats": shared_stats},
+        "prefill": {"tokens": pp_tokens, "seconds": pp_s, "runs": pp_runs, "cpu_seconds": median(pp_cpu),
+                    "stats": _stats(backend)},
     }
 
 
@@ -164,17 +177,18 @@ def measure_end_to_end(scorer, workload: Workload, repeats: int, mode: str) -> d
             "one_request_per_call": mode == "one_request_per_call", "weights": scorer.weights_note}
 
 
-def _decode(backend, contexts: Sequence[Sequence[int]], new_tokens: int) -> tuple[float, float]:
-    """(prefill seconds, decode seconds) of `new_tokens` argmax steps for every context in one decoder."""
+def _decode(backend, contexts: Sequence[Sequence[int]], new_tokens: int) -> tuple[float, float, float, float]:
+    """(prefill seconds, decode seconds, prefill CPU seconds, decode CPU seconds) of `new_tokens` argmax steps for
+    every context in one decoder."""
     with backend.decoder(new_tokens) as decoder:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         logits = decoder.start(contexts)
-        prefilled = time.perf_counter()
+        prefilled, cpu_prefilled = time.perf_counter(), time.process_time()
         active = list(range(len(contexts)))
         for _ in range(new_tokens):
             logits = decoder.step(active, [int(t) for t in np.argmax(logits, axis=-1)])
-        done = time.perf_counter()
-    return prefilled - started, done - prefilled
+        done, cpu_done = time.perf_counter(), time.process_time()
+    return prefilled - started, done - prefilled, cpu_prefilled - cpu_started, cpu_done - cpu_prefilled
 
 
 def measure_greedy(scorer, workload: Workload, batch_sizes: Sequence[int], new_tokens: int, repeats: int,
@@ -202,7 +216,9 @@ def measure_greedy(scorer, workload: Workload, batch_sizes: Sequence[int], new_t
         out[str(b)] = {
             "contexts": b, "new_tokens": new_tokens,
             "batched": {"decode_seconds": dec_b, "prefill_seconds": median(r[0] for r in runs_b),
-                        "prefill_tokens": sum(map(len, contexts)), "tokens_per_s": b * new_tokens / dec_b},
+                        "prefill_tokens": sum(map(len, contexts)), "tokens_per_s": b * new_tokens / dec_b,
+                        "prefill_cpu_seconds": median(r[2] for r in runs_b),
+                        "decode_cpu_seconds": median(r[3] for r in runs_b)},
         }
         if sequential:
             runs_s = [one_at_a_time() for _ in range(repeats)]

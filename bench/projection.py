@@ -75,6 +75,10 @@ def rates(results: dict, backend: str, quant: str) -> dict[str, float] | None:
            "unique": score["trie_minimal_tokens"] / shared["seconds"],
            "pp": score["prefill"]["tokens"] / score["prefill"]["seconds"],
            "score_rss": score.get("max_rss_bytes")}
+    if "cpu_seconds" in shared:  # per CPU second of the process: what a step's share of a busy core hardly moves
+        out["unique_cpu"] = score["trie_minimal_tokens"] / shared["cpu_seconds"]
+        out["pp_cpu"] = score["prefill"]["tokens"] / score["prefill"]["cpu_seconds"]
+        out["score_core_share"] = shared["cpu_seconds"] / shared["seconds"]
     batches = [v for k, v in greedy.items() if k.isdigit()]
     if batches:
         run = batches[0]["batched"]
@@ -82,6 +86,10 @@ def rates(results: dict, backend: str, quant: str) -> dict[str, float] | None:
         out["greedy_decode"] = run["tokens_per_s"]
         out["greedy_with_prefill"] = (run["prefill_tokens"] + decoded) / (run["prefill_seconds"] + run["decode_seconds"])
         out["greedy_rss"] = greedy.get("max_rss_bytes")
+        if "decode_cpu_seconds" in run:
+            out["greedy_decode_cpu"] = decoded / run["decode_cpu_seconds"]
+            out["greedy_with_prefill_cpu"] = (run["prefill_tokens"] + decoded) / (run["prefill_cpu_seconds"]
+                                                                                 + run["decode_cpu_seconds"])
     return out
 
 
@@ -141,19 +149,51 @@ def conversion_rows(all_results: Sequence[dict]) -> list[str]:
 
 def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]) -> list[str]:
     lines = ["| model | type | pp512 tok/s | shared scoring: unique tok/s (computed) | batched greedy decode tok/s "
-             "(with prefill) | peak RSS scoring / greedy GB |", "|---|---|---|---|---|---|"]
+             "(with prefill) | peak RSS scoring / greedy GB | unique tok/s per CPU s (core share) |", "|---|---|---|---|---|---|---|"]
     for res in all_results:
         for backend, quant in configs:
             r = rates(res, backend, quant)
             if r is None:
                 step = res["steps"].get(step_name("score", backend, quant), {})
                 if "error" in step:
-                    lines.append(f"| {res['label']} | {backend} {quant} | failed: {step['error'][:160]} | | | |")
+                    lines.append(f"| {res['label']} | {backend} {quant} | failed: {step['error'][:160]} | | | | |")
                 continue  # not measured: no row (the conversion table shows what exists)
             greedy = (f"{_f(r.get('greedy_decode'), 1)} ({_f(r.get('greedy_with_prefill'), 1)})"
                       if "greedy_decode" in r else "–")
             lines.append(f"| {res['label']} | {backend} {quant} | {_f(r['pp'], 1)} | {_f(r['unique'], 1)} "
-                         f"({_f(r['score_computed'], 1)}) | {greedy} | {_gb(r['score_rss'])} / {_gb(r.get('greedy_rss'))} |")
+                         f"({_f(r['score_computed'], 1)}) | {greedy} | {_gb(r['score_rss'])} / {_gb(r.get('greedy_rss'))} | "
+                         f"{_f(r.get('unique_cpu'), 1)} ({_f(r.get('score_core_share'), 2)}) |")
+    return lines
+
+
+def ratio_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]) -> list[str]:
+    """Each measured type's rates over the same model's llama.cpp f32 rates from the same results folder: by wall
+    time, and (in brackets, where recorded) by the process's CPU time, which the share of a core a step got on a busy
+    machine hardly moves; with that share during the two scoring runs (CPU s / wall s) and the load before them."""
+    lines = ["| model | type | pp512 / f32 | shared scoring unique tok/s / f32 | greedy decode / f32 | greedy with "
+             "prefill / f32 | core share while scoring: type / f32 | load (1 min) before scoring: type / f32 |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def ratio(r: dict, base: dict, key: str) -> str:
+        a, b = r.get(key), base.get(key)
+        wall = _f(a / b, 2) if a is not None and b else "–"
+        a, b = r.get(f"{key}_cpu"), base.get(f"{key}_cpu")
+        return wall + (f" ({a / b:.2f})" if a is not None and b else "")
+
+    for res in all_results:
+        base = rates(res, "llamacpp", "f32")
+        if base is None:
+            continue
+        base_load = res["steps"][step_name("score", "llamacpp", "f32")].get("load_average_before", [None])[0]
+        for backend, quant in configs:
+            r = rates(res, backend, quant)
+            if r is None or (backend, quant) == ("llamacpp", "f32"):
+                continue
+            load = res["steps"][step_name("score", backend, quant)].get("load_average_before", [None])[0]
+            lines.append(f"| {res['label']} | {backend} {quant} | {ratio(r, base, 'pp')} | {ratio(r, base, 'unique')} | "
+                         f"{ratio(r, base, 'greedy_decode')} | {ratio(r, base, 'greedy_with_prefill')} | "
+                         f"{_f(r.get('score_core_share'), 2)} / {_f(base.get('score_core_share'), 2)} | "
+                         f"{_f(load, 2)} / {_f(base_load, 2)} |")
     return lines
 
 
@@ -222,6 +262,10 @@ def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str
     out = ["Conversion (each step in its own process, its read-back check included; CPU s: user + system of the step "
            "and its subprocesses)", "", *conversion_rows(all_results), "",
            "Scoring and decoding (bench workload; medians of the timed runs)", "", *scoring_rows(all_results, configs)]
+    ratios = ratio_rows(all_results, configs)
+    if len(ratios) > 2:
+        out += ["", "Rates relative to llama.cpp f32 of the same model (the rows above: type / f32, by wall time; in "
+                "brackets by the worker's CPU time, where recorded)", "", *ratios]
     loads = sorted({tuple(s.get("load_average_before", ())) for r in all_results for s in r["steps"].values()
                     if s.get("load_average_before")})
     if loads:

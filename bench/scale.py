@@ -206,8 +206,9 @@ def run_scale(opts: ScaleOptions) -> list[dict]:
     if not workload_file.is_file():  # one workload for every model and every rerun: the rates stay comparable
         workload = build_workload(opts.data_dir, opts.items_per_env, seed=opts.seed)
         workload_file.write_text(workload.to_json(), encoding="utf-8")
-    (out_dir / "options.json").write_text(json.dumps(
-        {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}, indent=2), encoding="utf-8")
+    if not {"convert", "score", "greedy"} <= set(opts.skip):  # a run that only prints the tables measured nothing
+        (out_dir / "options.json").write_text(json.dumps(
+            {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()}, indent=2), encoding="utf-8")
     steps = step_names()
     out = []
     with tempfile.TemporaryDirectory(prefix="fastscore-scale-") as tmp, \

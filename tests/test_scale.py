@@ -117,12 +117,19 @@ def test_bench_scale_records_each_step_once_with_its_memory(tiny_model, study_da
     assert steps["convert-gguf-f32"]["check_passed"] is True and steps["convert-gguf-f32"]["bytes"] > 0
     rate = projection.rates(results, "llamacpp", "f32")
     assert rate["score_computed"] > 0 and rate["greedy_with_prefill"] > 0
+    # CPU time is recorded beside wall time (a step's share of a busy core moves only the latter)
+    assert rate["unique_cpu"] > 0 and rate["pp_cpu"] > 0 and rate["greedy_with_prefill_cpu"] > 0
+    assert 0 < rate["score_core_share"] < 1.5  # one thread: CPU seconds about the wall seconds, or fewer
     # A rerun measures nothing that is recorded.
     stamps = {name: steps[name]["measured_at"] for name in keep}
     run_scale(opts)
     assert {name: load_results(tmp_path, model)["steps"][name]["measured_at"] for name in keep} == stamps
     table = projection.render([results], [], None, SCORING)
     assert "| llamacpp f32 |" in table and "llamacpp q8_0" not in table  # only what was measured has a row
+    # printing the tables measures nothing, so it leaves the options the measurements ran with as they are
+    options = (tmp_path / "options.json").read_text()
+    run_scale(ScaleOptions(out_dir=tmp_path, data_dir=study_data, models=(model,), skip=("convert", "score", "greedy")))
+    assert (tmp_path / "options.json").read_text() == options
 
 
 def test_projection_reads_the_study_stage_table_as_the_study_writes_it(tmp_path):
@@ -138,6 +145,38 @@ def test_projection_reads_the_study_stage_table_as_the_study_writes_it(tmp_path)
     rate = {"score_computed": 40.0, "greedy_with_prefill": 20.0}
     assert projection.full_scale(work, {"tools": 100}) == 5.0
     assert np.isclose(projection.project_seconds(work, rate, 5.0), 5 * (4000 / 40 + 1000 / 20))
+
+
+def _measured(seconds: float, pp_seconds: float, decode_tok_s: float, load: float, cpu: float | None) -> tuple[dict, dict]:
+    """A score step and a greedy step as the bench worker records them (100 computed / 80 unique tokens, pp of 512;
+    4 contexts x 8 new tokens after a 40-token prefill taking 1 s); `cpu`: CPU seconds per wall second, if recorded."""
+    score = {"shared": {"seconds": seconds, "stats": {"computed_tokens": 100}}, "trie_minimal_tokens": 80,
+             "prefill": {"tokens": 512, "seconds": pp_seconds}, "load_average_before": [load, 0.0, 0.0]}
+    batched = {"tokens_per_s": decode_tok_s, "prefill_tokens": 40, "prefill_seconds": 1.0, "decode_seconds": 32 / decode_tok_s}
+    if cpu is not None:
+        score["shared"]["cpu_seconds"], score["prefill"]["cpu_seconds"] = seconds * cpu, pp_seconds * cpu
+        batched["prefill_cpu_seconds"], batched["decode_cpu_seconds"] = cpu, 32 / decode_tok_s * cpu
+    return score, {"4": {"contexts": 4, "new_tokens": 8, "batched": batched}}
+
+
+def test_the_ratio_table_divides_each_type_by_the_same_models_f32_by_wall_and_cpu_time():
+    from fastscore.bench import projection
+    from fastscore.bench.scale import SCORING
+
+    steps = {}
+    for name, figures in {"gguf-f32": (2.0, 4.0, 16.0, 1.5, 0.5), "gguf-f16": (4.0, 2.0, 8.0, 3.0, 0.25),
+                          "onnx-fp32": (1.0, 8.0, 32.0, 0.5, None)}.items():
+        steps[f"score-{name}"], steps[f"greedy-{name}"] = _measured(*figures)
+    only_f16 = {"score-gguf-f16": steps["score-gguf-f16"]}  # no f32 to compare with: no row
+    results = [{"label": "m", "standin": True, "steps": steps}, {"label": "n", "standin": True, "steps": only_f16}]
+    rows = projection.ratio_rows(results, SCORING)
+    # f16 by wall: half the scoring rate, twice the pp rate, half the decode rate, 72 tokens in 1+4 s vs 1+2 s; it
+    # had half f32's share of a core, so by CPU time it is twice each of those
+    assert rows[2] == "| m | llamacpp f16 | 2.00 (4.00) | 0.50 (1.00) | 0.50 (1.00) | 0.60 (1.20) | 0.25 / 0.50 | 3.00 / 1.50 |"
+    assert rows[3] == "| m | onnx fp32 | 0.50 | 2.00 | 2.00 | 1.50 | – / 0.50 | 0.50 / 1.50 |"  # no CPU time: wall only
+    assert len(rows) == 4
+    table = projection.render(results, [], None, SCORING)
+    assert "type / f32" in table and "| m | llamacpp f16 | 256.0 | 20.0 (25.0) | 8.0 (14.4) | – / – | 80.0 (0.25) |" in table
 
 
 @pytest.fixture(scope="module")
