@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -80,7 +81,17 @@ def baseline(tmp_path_factory, data_dir) -> Path:
     assert result.exit_code == 0, result.output + repr(result.exception)
     assert "measured time:" in result.output
     print(result.output)
+    (out.parent / "cli-output.txt").write_text(result.output)
     return out
+
+
+def test_cli_shows_one_bar_over_every_stage(baseline):
+    # 2 items (1 per env), each scored and decoded: 4 item-stages, all done when the run ends.
+    output = (baseline.parent / "cli-output.txt").read_text()
+    states = re.findall(r"study, all stages:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)", output)
+    assert states, output
+    assert states[-1] == ("4", "4")
+    assert all(int(done) <= int(total) for done, total in states)
 
 
 def test_cli_writes_every_output_file_with_every_metric(baseline):

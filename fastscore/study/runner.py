@@ -1,6 +1,7 @@
 """Run the study end to end: build items, score every condition's candidate set, decode greedily, summarise, report.
 
-Each stage shows a progress bar with ETA and is timed. Work is persisted per item (see store.py), so a killed run
+Each stage shows a progress bar with ETA and is timed; one more bar counts the whole run's item-stages, so its ETA
+covers the stages still to come (fastscore.study.progress). Work is persisted per item (see store.py), so a killed run
 resumes with `resume=True` where it stopped. Several items go into one scorer call so the engine shares the common
 prefixes of all their conditions and candidates; identical requests of one item (clean_retry renders to before's
 messages, ban scores after's candidate set) are sent once. Calls hold fixed chunks of the item list, so a resumed
@@ -29,6 +30,7 @@ from fastscore.study.items import Item, Skipped
 from fastscore.study.metrics import read_score_rows, summarize
 from fastscore.study.redactions import attach_redactions
 from fastscore.study.onpolicy import ModelFailureBuilder
+from fastscore.study.progress import RunProgress, SourcePlan
 from fastscore.study.stages.decode import DecodePlan, greedy_stage
 from fastscore.study.stages.score import score_stage
 from fastscore.study.stages.sensitivity import attach_sensitivity, sensitivity_stage
@@ -253,8 +255,11 @@ def run_study(
     with OutDirLock(Path(config.out_dir)), contextlib.ExitStack() as isolated:
         for name in config.envs:  # before any model loads: a missing sandbox stops the run here
             isolated.enter_context(env_class(name).isolation(config.sandbox))
+        run_bar = isolated.enter_context(contextlib.closing(RunProgress(progress)))
+        for source in FAILURE_SOURCES if config.failures == BOTH else (config.failures,):
+            run_bar.plan(source, _target_items(config), _source_plan(config, source))
         if config.failures != BOTH:
-            return _run_locked(config, started, progress, after_item, scorer, report, items)
+            return _run_locked(config, started, progress, after_item, scorer, report, items, run_bar)
         # Each source is a complete study in its own subfolder (resumable on its own); the top folder gets the
         # side-by-side report and a summary keyed by source.
         from fastscore.study.sources import combine_sources
@@ -263,14 +268,29 @@ def run_study(
         for source in FAILURE_SOURCES:
             sub = replace(config, failures=source, out_dir=Path(config.out_dir) / source)
             log.info("failure source %s -> %s", source, sub.out_dir)
-            outcomes[source] = _run_locked(sub, time.perf_counter(), progress, after_item, scorer, report, items)
+            outcomes[source] = _run_locked(sub, time.perf_counter(), progress, after_item, scorer, report, items,
+                                           run_bar)
         return combine_sources(config, outcomes, time.perf_counter() - started)
+
+
+def _target_items(config: StudyConfig) -> int:
+    """Items a source aims at before they are built (0: unknown until built, i.e. every usable item)."""
+    if config.window is not None:
+        return (config.window[1] - config.window[0]) * len(config.envs)
+    return 0 if config.limit is None else config.limit * len(config.envs)
+
+
+def _source_plan(config: StudyConfig, source: str) -> SourcePlan:
+    return SourcePlan(builds_items=source == "model", sensitivity=config.sensitivity)
 
 
 def _run_locked(config: StudyConfig, started: float, progress: bool,
                 after_item: Callable[[str, str], None] | None, given_scorer, report: bool,
-                seeded: Mapping[str, SeededItems] | None) -> StudyOutcome:
+                seeded: Mapping[str, SeededItems] | None, run_bar: RunProgress) -> StudyOutcome:
     timer = StageTimer()
+    source, shape = config.failures, _source_plan(config, config.failures)
+    hooked = run_bar.hook(source, after_item)
+    built = int(shape.builds_items)  # item-stages each item is through once its items exist
     store = StudyStore(Path(config.out_dir))
     store.check_resume(config.result_settings(), config.resume)
     envs = open_envs(config.envs, Path(config.data_dir), progress=progress)
@@ -288,15 +308,21 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
             else:
                 items, skipped = stored
                 log.info("resume: reusing the %d stored items", len(items))
+        run_bar.plan(source, len(items), shape)
+        run_bar.plan_unknown(len(items))  # every usable item: the other source's guess until it is built
+        run_bar.settle(source, len(items), built)
         n_resumed = len(store.scores(rows_per_item=len(CONDITIONS)).load())
         with timer("score candidate sets", computed):
-            score_stage(store, scorer, envs, items, progress=progress, after_item=after_item)
+            score_stage(store, scorer, envs, items, progress=progress, after_item=hooked)
+        run_bar.settle(source, len(items), built + 1)
         with timer("greedy decoding", computed):
             greedy_stage(store, scorer, envs, items, config.new_tokens, decode_plan(config), progress=progress,
-                         after_item=after_item)
+                         after_item=hooked)
+        run_bar.settle(source, len(items), built + 2)
         if config.sensitivity:
             with timer("sensitivity checks", computed):
-                sensitivity_stage(store, scorer, envs, items, progress=progress, after_item=after_item)
+                sensitivity_stage(store, scorer, envs, items, progress=progress, after_item=hooked)
+            run_bar.settle(source, len(items), built + 3)
         weights = scorer.weights_note
     finally:
         if given_scorer is None:
