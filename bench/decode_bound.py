@@ -301,7 +301,7 @@ def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) 
         "gguf": str(artefact.path), "shape": shape.to_dict(), "kv_bytes_per_cell": cell_bytes, **traffic,
         "prefill": {**grid["prefill"], "tokens_per_s": prefill_tps},
         "cells": [cell_figures(c, prefill_tps, traffic["weights_bytes_per_step"], cell_bytes) for c in grid["cells"]],
-        "cores": cores, "max_rss_mb": grid["max_rss_bytes"] / 2**20,
+        "cores": cores, "max_rss_mb": grid["max_rss_bytes"] / 2**20, "llamacpp_build": grid.get("llamacpp_build"),
         "machine": {"cpu_count": os.cpu_count(), "load_average_at_start": load_at_start,
                     "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "nice": os.nice(0)},
     }

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def render(result: dict) -> str:
-    from fastscore.bench.table import _f, _grid
+    from fastscore.bench.table import _f, _grid, build_line
 
     o, m = result["options"], result["machine"]
     mb = lambda b: _f(b / 1e6, 1)  # noqa: E731
@@ -16,6 +16,7 @@ def render(result: dict) -> str:
         f"KV {o['kv_type']}, threads {o['threads']}, {o['steps']} steps, repeats {o['repeats']} (medians)",
         f"load average at start {m['load_average_at_start']}, at end {m['load_average_at_end']} on {m['cpu_count']} "
         f"CPUs, nice {m['nice']}",
+        *([f"llama.cpp: {build_line(result['llamacpp_build'])}"] if result.get("llamacpp_build") else []),
         f"prefill (pp{result['prefill']['tokens']}, random tokens): {_f(result['prefill']['tokens_per_s'])} tok/s",
         f"weights read per step: {mb(result['weights_bytes_per_step'])} MB (GGUF tensors "
         f"{mb(result['tensor_bytes_total'])} MB, lm_head {mb(result['lm_head_bytes'])} MB{tied}); "

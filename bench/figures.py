@@ -101,6 +101,7 @@ def backend_figures(m: dict, shape: ModelShape, sgemm_gflops: float) -> dict[str
         "roofline_seconds": roofline_flops / (sgemm_gflops * 1e9),
         "shared_fraction_of_roofline": ratio(roofline_flops / (sgemm_gflops * 1e9), shared["seconds"]),
         "max_rss_mb": m["max_rss_bytes"] / 2**20,
+        "llamacpp_build": m.get("llamacpp_build"),
     }
 
 

@@ -28,6 +28,12 @@ def _met(t: dict) -> str:
     return f"{_f(t['value'], 2)} (target >= {t['target']}: {'met' if t['met'] else 'NOT met' if t['met'] is False else 'n/a'})"
 
 
+def build_line(build: dict) -> str:
+    """One line naming the llama.cpp build a worker loaded (fastscore.bench.llamacpp_build)."""
+    blas = f"; {build['openblas']}" if build.get("openblas") else ""
+    return f"llama-cpp-python {build['llama_cpp_python']}, ggml backends {', '.join(build['ggml_backends'])}{blas}"
+
+
 def render(summary: dict[str, Any]) -> str:
     w = summary["workload"]
     r = summary["roofline"]
@@ -56,6 +62,8 @@ def render(summary: dict[str, Any]) -> str:
     parts.append(_grid(["config", "requested", "computed", "trie-min", "uniq tok/s", "pp tok/s", "uniq/pp", "GFLOP/s vs pp",
                         "alone req tok/s", "share x", "pp GFLOP/s", "pp/sgemm", "shared/sgemm", "roofline",
                         "RSS MB"], rows))
+    parts += [f"{key}: {build_line(b['llamacpp_build'])}" for key, b in summary["backends"].items()
+              if b.get("llamacpp_build")]
     e = summary["end_to_end"]
     parts += ["", f"end to end (best llama.cpp type: {summary['best_llamacpp_type']}):"]
     for key, m in e.items():

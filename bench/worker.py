@@ -80,6 +80,10 @@ def main(argv: list[str]) -> int:
 
     try:
         result = run_spec(spec)
+        if spec.get("backend") == "llamacpp" or spec["task"] == "decode_bound":
+            from fastscore.bench.llamacpp_build import llamacpp_build
+
+            result["llamacpp_build"] = llamacpp_build()  # which build (e.g. with a BLAS backend) made these figures
     except FastscoreError as exc:  # handed to the parent, which re-raises it as a typed BenchmarkError
         Path(argv[1]).write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), encoding="utf-8")
         return 1

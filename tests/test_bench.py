@@ -202,10 +202,12 @@ def _run_bench(tmp_path, data_dir, extra: list[str]) -> tuple[dict, str]:
 
 def test_bench_smoke_tiny_sizes(tmp_path, study_data):
     """The shipped q4_1 GGUF on one context of one tools item: a table, then one JSON line with every key."""
-    summary, _ = _run_bench(tmp_path, study_data, ["--conditions", "before", "--skip-reference", "--pp-tokens", "16",
+    summary, output = _run_bench(tmp_path, study_data, ["--conditions", "before", "--skip-reference", "--pp-tokens", "16",
                                        "--per-request-limit", "1", "--greedy-batches", "1", "--new-tokens", "1"])
     assert summary["workload"]["requests"] == 4  # 1 item x 1 context x 4 candidates
     assert summary["backends"]["llamacpp:q4_1"]["per_request_requests"] == 1
+    build = summary["backends"]["llamacpp:q4_1"]["llamacpp_build"]  # the worker's own llama.cpp, not the parent's
+    assert "CPU" in build["ggml_backends"] and f"ggml backends {', '.join(build['ggml_backends'])}" in output
     assert summary["end_to_end"]["llamacpp:q4_1"]["requests"] == 4
     assert "speedup_vs_reference" not in summary["end_to_end"]
     assert summary["targets"]["end_to_end_speedup"]["met"] is None  # not measured: n/a, never a made-up value

@@ -33,6 +33,7 @@ def test_decode_bound_on_a_tiny_model(tiny_model, tmp_path):
     print(render(result))
 
     assert [(c["length"], c["streams"]) for c in result["cells"]] == [(3, 2), (3, 3), (300, 2), (300, 3)]
+    assert "CPU" in result["llamacpp_build"]["ggml_backends"]  # which llama.cpp build measured (e.g. + BLAS)
     prefill = result["prefill"]
     assert prefill["tokens_per_s"] == pytest.approx(32 / prefill["seconds"])
     kv_cell = tiny.LAYERS * tiny.KV_HEADS * 2 * (tiny.HIDDEN // tiny.HEADS) * 4  # f32 K and V, every layer
