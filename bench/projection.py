@@ -88,8 +88,9 @@ def rates(results: dict, backend: str, quant: str) -> dict[str, float] | None:
         out["greedy_rss"] = greedy.get("max_rss_bytes")
         if "decode_cpu_seconds" in run:
             out["greedy_decode_cpu"] = decoded / run["decode_cpu_seconds"]
-            out["greedy_with_prefill_cpu"] = (run["prefill_tokens"] + decoded) / (run["prefill_cpu_seconds"]
-                                                                                 + run["decode_cpu_seconds"])
+            greedy_cpu = run["prefill_cpu_seconds"] + run["decode_cpu_seconds"]
+            out["greedy_with_prefill_cpu"] = (run["prefill_tokens"] + decoded) / greedy_cpu
+            out["greedy_core_share"] = greedy_cpu / (run["prefill_seconds"] + run["decode_seconds"])
     return out
 
 
@@ -149,20 +150,22 @@ def conversion_rows(all_results: Sequence[dict]) -> list[str]:
 
 def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]) -> list[str]:
     lines = ["| model | type | pp512 tok/s | shared scoring: unique tok/s (computed) | batched greedy decode tok/s "
-             "(with prefill) | peak RSS scoring / greedy GB | unique tok/s per CPU s (core share) |", "|---|---|---|---|---|---|---|"]
+             "(with prefill) | peak RSS scoring / greedy GB | unique tok/s per CPU s (core share) | greedy with prefill "
+             "tok/s per CPU s (core share) |", "|---|---|---|---|---|---|---|---|"]
     for res in all_results:
         for backend, quant in configs:
             r = rates(res, backend, quant)
             if r is None:
                 step = res["steps"].get(step_name("score", backend, quant), {})
                 if "error" in step:
-                    lines.append(f"| {res['label']} | {backend} {quant} | failed: {step['error'][:160]} | | | | |")
+                    lines.append(f"| {res['label']} | {backend} {quant} | failed: {step['error'][:160]} | | | | | |")
                 continue  # not measured: no row (the conversion table shows what exists)
             greedy = (f"{_f(r.get('greedy_decode'), 1)} ({_f(r.get('greedy_with_prefill'), 1)})"
                       if "greedy_decode" in r else "–")
             lines.append(f"| {res['label']} | {backend} {quant} | {_f(r['pp'], 1)} | {_f(r['unique'], 1)} "
                          f"({_f(r['score_computed'], 1)}) | {greedy} | {_gb(r['score_rss'])} / {_gb(r.get('greedy_rss'))} | "
-                         f"{_f(r.get('unique_cpu'), 1)} ({_f(r.get('score_core_share'), 2)}) |")
+                         f"{_f(r.get('unique_cpu'), 1)} ({_f(r.get('score_core_share'), 2)}) | "
+                         f"{_f(r.get('greedy_with_prefill_cpu'), 1)} ({_f(r.get('greedy_core_share'), 2)}) |")
     return lines
 
 

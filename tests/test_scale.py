@@ -176,7 +176,9 @@ def test_the_ratio_table_divides_each_type_by_the_same_models_f32_by_wall_and_cp
     assert rows[3] == "| m | onnx fp32 | 0.50 | 2.00 | 2.00 | 1.50 | – / 0.50 | 0.50 / 1.50 |"  # no CPU time: wall only
     assert len(rows) == 4
     table = projection.render(results, [], None, SCORING)
-    assert "type / f32" in table and "| m | llamacpp f16 | 256.0 | 20.0 (25.0) | 8.0 (14.4) | – / – | 80.0 (0.25) |" in table
+    assert "type / f32" in table and "| m | llamacpp f16 | 256.0 | 20.0 (25.0) | 8.0 (14.4) | – / – | 80.0 (0.25) | 57.6 (0.25) |" in table
+    # the greedy rate per CPU second too: a step's share of a core moves its wall rate (72 tokens in 1.25 CPU s of 5 s)
+    assert "| m | onnx fp32 | 64.0 | 80.0 (100.0) | 32.0 (36.0) | – / – | – (–) | – (–) |" in table
 
 
 @pytest.fixture(scope="module")
