@@ -10,10 +10,13 @@ Every output is read back and checked against the torch model before the caller 
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import multiprocessing
 import shutil
 import tempfile
 import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,8 @@ log = logging.getLogger(__name__)
 QUANTS = quants("onnx")
 INT8_METHODS = ("weights", "dynamic")
 MODEL_FILE = "model.onnx"
+# optimum's name for the weights file past the protobuf limit; every fp32 export keeps its weights there.
+EXTERNAL_DATA = "model.onnx_data"
 LOGITS_START = "logits_start"
 # Files copied from the HF folder next to the ONNX graph, so the folder is self-contained for tokenization.
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -37,6 +42,8 @@ FP32_CHECK_TOL = 1e-3
 INT8_CHECK_MIN_CORR = 0.9
 # ONNX protobufs are limited to 2 GB; larger models keep their weights in an external data file.
 _PROTOBUF_LIMIT = 2_000_000_000
+# Initializers up to this size (bytes) stay in the graph file, e.g. the overridable logits_start.
+_EXTERNAL_THRESHOLD = 1024
 # Weights per int8 scale in the weight-only quantisation.
 INT8_BLOCK = 32
 
@@ -77,35 +84,65 @@ def export_onnx(
 
 
 def _export_fp32(hf_dir: Path, out_dir: Path) -> None:
+    """optimum's export and add_logits_start, in a fresh process that exits before the read-back check.
+
+    The export's memory is torch's: the model, its constant-folded weights and, under the protobuf limit, the whole
+    graph serialised and re-parsed in memory (measured on the 360M stand-in, 1.45 GB of weights: 6.8 GB peak RSS).
+    In-process, the allocator kept much of it and the steps after the export peaked at 4.8-5.5 GB; in the caller,
+    now that a child process does the export and returns all of it at exit, they peak at 3.2 GB.
+    """
     require("onnxruntime", "onnx")
-    main_export = require("optimum.exporters.onnx", "onnx", package="optimum-onnx").main_export
+    require("optimum.exporters.onnx", "onnx", package="optimum-onnx")
     # optimum's post-processing (deduplicating tied weights) fails on graphs past the protobuf limit (measured on
     # the Qwen3-0.6B stand-in, 2.4 GB): large models are exported without it and keep the lm-head as its own copy.
     large = _total_size(hf_dir) > _PROTOBUF_LIMIT
+    # spawn, not fork: a forked child would share (and copy on write) whatever the caller already holds.
+    context = multiprocessing.get_context("spawn")
+    try:
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+            pool.submit(_export_fp32_here, str(hf_dir), str(out_dir), large).result()
+    except BrokenProcessPool as exc:  # killed, e.g. by the kernel's OOM killer
+        raise ConversionError(f"the ONNX export process of {hf_dir} died (out of memory?): {exc}") from exc
+
+
+def _export_fp32_here(hf_dir: str, out_dir: str, large: bool) -> None:
+    main_export = require("optimum.exporters.onnx", "onnx", package="optimum-onnx").main_export
     log.info("exporting %s with optimum (text-generation-with-past%s)", hf_dir, ", no post-processing" if large else "")
     try:
         main_export(
-            str(hf_dir), str(out_dir), task="text-generation-with-past", device="cpu", dtype="fp32",
+            hf_dir, out_dir, task="text-generation-with-past", device="cpu", dtype="fp32",
             local_files_only=True, do_validation=False, library_name="transformers", no_post_process=large,
         )
     except Exception as exc:  # optimum raises bare ValueError/RuntimeError for unsupported architectures
         raise ConversionError(f"optimum could not export {hf_dir}: {exc}") from exc
-    if not (out_dir / MODEL_FILE).is_file():
+    if not (Path(out_dir) / MODEL_FILE).is_file():
         raise ConversionError(f"optimum wrote no {MODEL_FILE} in {out_dir}")
-    add_logits_start(out_dir / MODEL_FILE)
+    add_logits_start(Path(out_dir) / MODEL_FILE)
 
 
 def add_logits_start(model_path: Path) -> bool:
-    """Insert Slice(hidden, logits_start:) before the lm-head MatMul. False if the graph is not shaped as expected."""
+    """Insert Slice(hidden, logits_start:) before the lm-head MatMul. False if the graph is not shaped as expected.
+
+    The graph is saved with its weights in EXTERNAL_DATA (past the protobuf limit optimum already put them there):
+    saving writes them tensor by tensor instead of serialising a second copy of the whole model, and every later
+    reader (the structure check, the int8 quantiser, onnxruntime) can read the graph without them.
+    """
     onnx = require("onnx", "onnx")
     numpy_helper, helper = onnx.numpy_helper, onnx.helper
-    model = onnx.load(str(model_path), load_external_data=False)  # weights stay in their external file, untouched
+    model = onnx.load(str(model_path), load_external_data=False)  # external weights stay in their file, untouched
     graph = model.graph
+    # Weights are either all in the graph (under the limit) or all in optimum's data file (past it).
+    inline = (not any(init.data_location == onnx.TensorProto.EXTERNAL for init in graph.initializer)
+              and any(len(init.raw_data) > _EXTERNAL_THRESHOLD for init in graph.initializer))
     if any(i.name == LOGITS_START for i in graph.input):
+        if inline:
+            _save(model, model_path)
         return True
     producers = [n for n in graph.node if "logits" in n.output]
     if len(producers) != 1 or producers[0].op_type != "MatMul":
         log.warning("lm-head of %s is not a single MatMul; logits stay computed at every position", model_path)
+        if inline:
+            _save(model, model_path)
         return False
     lm_head = producers[0]
     int64 = np.int64
@@ -121,8 +158,21 @@ def add_logits_start(model_path: Path) -> bool:
     )
     graph.node.insert(list(graph.node).index(lm_head), slice_node)
     lm_head.input[0] = "logits_rows_hidden"
-    onnx.save(model, str(model_path))
+    if inline:
+        _save(model, model_path)
+    else:
+        onnx.save(model, str(model_path))  # the weights' external references are kept as they are
     return True
+
+
+def _save(model, model_path: Path) -> None:
+    """Save with every initializer above _EXTERNAL_THRESHOLD bytes in EXTERNAL_DATA next to `model_path`."""
+    onnx = require("onnx", "onnx")
+    data = Path(model_path).with_name(EXTERNAL_DATA)
+    if data.exists():
+        data.unlink()  # onnx appends to an existing data file
+    onnx.save(model, str(model_path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=EXTERNAL_DATA, size_threshold=_EXTERNAL_THRESHOLD)
 
 
 def _quantize_int8(fp32_dir: Path, out_dir: Path, method: str) -> None:
