@@ -128,21 +128,27 @@ def add_logits_start(model_path: Path) -> bool:
     reader (the structure check, the int8 quantiser, onnxruntime) can read the graph without them.
     """
     onnx = require("onnx", "onnx")
-    numpy_helper, helper = onnx.numpy_helper, onnx.helper
     model = onnx.load(str(model_path), load_external_data=False)  # external weights stay in their file, untouched
     graph = model.graph
     # Weights are either all in the graph (under the limit) or all in optimum's data file (past it).
     inline = (not any(init.data_location == onnx.TensorProto.EXTERNAL for init in graph.initializer)
               and any(len(init.raw_data) > _EXTERNAL_THRESHOLD for init in graph.initializer))
-    if any(i.name == LOGITS_START for i in graph.input):
-        if inline:
-            _save(model, model_path)
-        return True
+    had_input = any(i.name == LOGITS_START for i in graph.input)
+    has_input = had_input or _slice_before_lm_head(onnx, graph, model_path)
+    if inline:
+        _save(model, model_path)  # the weights move out, whether or not the graph changed
+    elif has_input and not had_input:
+        onnx.save(model, str(model_path))  # the weights' external references are kept as they are
+    return has_input
+
+
+def _slice_before_lm_head(onnx, graph, model_path: Path) -> bool:
+    """Insert the Slice and the logits_start input into `graph`; False (graph untouched) if the lm-head is not a
+    single MatMul producing "logits"."""
+    numpy_helper, helper = onnx.numpy_helper, onnx.helper
     producers = [n for n in graph.node if "logits" in n.output]
     if len(producers) != 1 or producers[0].op_type != "MatMul":
         log.warning("lm-head of %s is not a single MatMul; logits stay computed at every position", model_path)
-        if inline:
-            _save(model, model_path)
         return False
     lm_head = producers[0]
     int64 = np.int64
@@ -158,10 +164,6 @@ def add_logits_start(model_path: Path) -> bool:
     )
     graph.node.insert(list(graph.node).index(lm_head), slice_node)
     lm_head.input[0] = "logits_rows_hidden"
-    if inline:
-        _save(model, model_path)
-    else:
-        onnx.save(model, str(model_path))  # the weights' external references are kept as they are
     return True
 
 
