@@ -2,8 +2,8 @@
 
     python -m fastscore.bench.worker SPEC.json OUT.json
 
-SPEC: {"task": "sgemm" | "backend" | "e2e" | "greedy" | "convert" | "decode_bound", "model", "backend", "quant",
-"threads", "repeats", "workload": path, "backend_options" (optional: fields of the backend's options record), ...task options}.
+SPEC: {"task": "sgemm" | "backend" | "e2e" | "greedy" | "convert" | "decode_bound" | "op_profile", "model", "backend",
+"quant", "threads", "repeats", "workload": path, "backend_options" (optional: fields of the backend's options record), ...task options}.
 The parent sets the BLAS/OpenMP thread variables in this process's environment before numpy loads. OUT gets the task's figures plus "max_rss_bytes" (this process or any subprocess it
 waited for, e.g. llama.cpp's converter) and "cpu_seconds" (user + system, both).
 """
@@ -36,6 +36,10 @@ def run_spec(spec: dict) -> dict:
         from fastscore.bench.decode_bound import run_worker_spec
 
         return run_worker_spec(spec)
+    if task == "op_profile":  # opens its own backends (plain and profiled)
+        from fastscore.bench.op_profile import run_worker_spec as op_profile
+
+        return op_profile(spec)
 
     from fastscore.bench import measure
     from fastscore.bench.workload import Workload
@@ -80,7 +84,7 @@ def main(argv: list[str]) -> int:
 
     try:
         result = run_spec(spec)
-        if spec.get("backend") == "llamacpp" or spec["task"] == "decode_bound":
+        if spec.get("backend") == "llamacpp" or spec["task"] in ("decode_bound", "op_profile"):
             from fastscore.bench.llamacpp_build import llamacpp_build
 
             result["llamacpp_build"] = llamacpp_build()  # which build (e.g. with a BLAS backend) made these figures

@@ -62,18 +62,22 @@ class LlamaCppBackend(KVCacheBackend):
     name = "llamacpp"
 
     def __init__(self, path: Path, n_threads: int | None = None, options: LlamaCppOptions | None = None,
-                 progress: bool = False) -> None:
+                 progress: bool = False, eval_callback=None, library=None) -> None:
+        """`eval_callback` (ggml's scheduler eval callback) and `library` (the llama_cpp module, or a wrapper of it
+        that times calls) are for profiling only (fastscore.bench.op_profile)."""
         options = options or LlamaCppOptions()
         super().__init__(Path(path), n_threads, options.max_group_tokens, progress, options.max_decode_tokens)
         self.options = options
         self._model = self._ctx = self._buffer = None
         self._decoders: weakref.WeakSet = weakref.WeakSet()
         _check_gguf(self.path)
-        self._L = L = llama_module()
+        module = llama_module()  # initialises llama.cpp's backend and routes its log, whatever wraps the module
+        self._L = L = library if library is not None else module
         self.n_seq_max = min(options.n_seq_max, int(L.llama_max_parallel_sequences()))
         self.settings = ContextSettings(n_ubatch=options.n_ubatch, n_seq_max=self.n_seq_max,
                                         n_threads=n_threads or os.cpu_count() or 1,
-                                        flash_attn=options.flash_attn, kv_type=options.kv_type)
+                                        flash_attn=options.flash_attn, kv_type=options.kv_type,
+                                        eval_callback=eval_callback)
         self.decode_settings = dataclasses.replace(self.settings, flash_attn=options.decode_flash_attn)
         model_params = L.llama_model_default_params()
         model_params.n_gpu_layers = 0

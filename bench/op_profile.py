@@ -1,0 +1,334 @@
+"""Where llama.cpp's time goes, op by op (issue #12): a per-node profile of shared scoring of `fastscore bench`'s
+workload and of batched greedy decoding steps, set against the FLOP roofline.
+
+One worker process (BLAS/OpenMP threads set as in `fastscore bench`) measures the sgemm limit, then runs the same
+work twice on the same GGUF and options: on a plain backend, timed only around llama_decode (the unprofiled figures),
+and on a backend whose contexts carry ggml's scheduler eval callback, which times every graph node
+(fastscore.bench.op_capture). The work is the product's paths: `score_tokens` on every request of the workload in
+one call (trie groups, `max_group_tokens`, the default layout), and greedy decoding of `decode_contexts` workload
+contexts through the backend's decoder (one KV stream per context by default), `new_tokens` argmax steps.
+
+Nodes are classified and summed per kind (fastscore.bench.op_kinds); the gap between the measured time and the
+roofline (the FLOPs the work needs at the sgemm rate: each distinct prefix once, attention over each token's own
+context, one lm_head row per scored token) is split into each kind's excess, plus llama.cpp's host time inside
+llama_decode and fastscore's Python outside it.
+
+    python -m fastscore.bench.op_profile [--limit 1] [--env tools] [--threads 2] [--repeats 3] [--json-out F]
+    fastscore bench --op-profile [--limit N] [--env E] [--threads T] [--repeats R] [--new-tokens K] [--json-out F]
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from fastscore.bench.op_kinds import (
+    GAP_GROUPS,
+    KINDS,
+    aggregate,
+    gap_breakdown,
+    group_rows,
+    layer_params,
+    merge_totals,
+    needed_flops,
+)
+from fastscore.errors import RequestError
+
+
+@dataclass(frozen=True)
+class OpProfileOptions:
+    model: str
+    data_dir: Path
+    quant: str = "f32"
+    items_per_env: int = 1
+    envs: tuple[str, ...] = ("tools",)
+    threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    repeats: int = 3
+    decode_contexts: int = 32
+    new_tokens: int = 8
+    sgemm_n: int = 2048
+    seed: int = 0
+    conditions: tuple[str, ...] | None = None  # None: every study condition (as fastscore bench)
+    backend_options: tuple[tuple[str, object], ...] = ()  # llama.cpp option fields, e.g. (("n_ubatch", 256),)
+
+    def __post_init__(self) -> None:
+        if min(self.repeats, self.decode_contexts, self.new_tokens, self.items_per_env) < 1:
+            raise RequestError(f"repeats, decode_contexts, new_tokens and items_per_env must be >= 1 (got {self})")
+
+
+# ---------------------------------------------------------------- inside the worker
+
+
+def _phase(timer, name: str) -> None:
+    if timer is not None:
+        timer.phase = name
+
+
+def _score_once(backend, lib, timer, requests) -> dict:
+    lib.reset()
+    backend.stats.reset()
+    if timer is not None:
+        timer.reset()
+    _phase(timer, "scoring")
+    started = time.perf_counter()
+    backend.score_tokens(requests)
+    seconds = time.perf_counter() - started
+    if timer is not None:
+        timer.check()
+    return {"seconds": seconds, "decode_seconds": lib.decode_seconds, "decode_calls": lib.decode_calls,
+            "computed_tokens": backend.stats.computed_tokens,
+            "nodes": timer.rows() if timer is not None else None,
+            "first_layer_kq": timer.first_layer_kq.get("scoring", []) if timer is not None else None}
+
+
+def _decode_once(backend, lib, timer, contexts, new_tokens: int) -> dict:
+    if timer is not None:
+        timer.reset()
+    with backend.decoder(new_tokens) as decoder:
+        lib.reset()
+        _phase(timer, "prefill")
+        started = time.perf_counter()
+        logits = decoder.start(contexts)
+        prefill_s, prefill_decode_s = time.perf_counter() - started, lib.decode_seconds
+        lib.reset()
+        _phase(timer, "step")
+        active = list(range(len(contexts)))
+        started = time.perf_counter()
+        for _ in range(new_tokens):
+            logits = decoder.step(active, [int(t) for t in np.argmax(logits, axis=-1)])
+        step_s = time.perf_counter() - started
+    if timer is not None:
+        timer.check()
+    return {"prefill_seconds": prefill_s, "prefill_decode_seconds": prefill_decode_s, "step_seconds": step_s,
+            "step_decode_seconds": lib.decode_seconds, "step_calls": lib.decode_calls,
+            "nodes": timer.rows() if timer is not None else None,
+            "first_layer_kq": timer.first_layer_kq.get("step", []) if timer is not None else None}
+
+
+def measure_layout(path: Path, threads: int, options, requests, contexts, new_tokens: int, repeats: int,
+                   profiled: bool) -> dict:
+    """Scoring and decoding `repeats` times each (after a warm-up) on a fresh backend, profiled or not."""
+    from fastscore.backends.llamacpp import LlamaCppBackend, llama_module
+    from fastscore.bench.op_capture import NodeTimer, TimedLlama
+
+    timer = NodeTimer() if profiled else None
+    lib = TimedLlama(llama_module())
+    with LlamaCppBackend(path, threads, options, eval_callback=timer.callback if timer else None,
+                         library=lib) as backend:
+        _phase(timer, "warm-up")
+        backend.score_tokens(requests[:4])
+        _decode_once(backend, lib, timer, contexts[:2], 2)
+        scoring = [_score_once(backend, lib, timer, requests) for _ in range(repeats)]
+        decoding = [_decode_once(backend, lib, timer, contexts, new_tokens) for _ in range(repeats)]
+    return {"scoring": scoring, "decoding": decoding}
+
+
+def run_worker_spec(spec: dict) -> dict:
+    """The `op_profile` task of fastscore.bench.worker."""
+    from fastscore.backends.options import options_for
+    from fastscore.bench.measure import token_requests
+    from fastscore.bench.roofline import measure_sgemm
+    from fastscore.bench.workload import Workload
+    from fastscore.engine.trie import distinct_prefix_positions
+    from fastscore.session import open_scorer
+
+    sgemm = measure_sgemm(spec.get("sgemm_n", 2048), max(5, spec["repeats"]))
+    workload = Workload.from_json(Path(spec["workload"]).read_text(encoding="utf-8"))
+    options = options_for("llamacpp", spec.get("backend_options") or {})
+    with open_scorer(spec["model"], "llamacpp", spec["quant"], n_threads=spec["threads"], progress=False,
+                     backend_options=options) as scorer:
+        requests = token_requests(scorer, workload)
+        distinct = [scorer.context_ids(m) for m in workload.contexts()]
+        path = scorer.backend.path
+    contexts = [distinct[i % len(distinct)] for i in range(spec["decode_contexts"])]
+    trie = distinct_prefix_positions([r.tokens for r in requests])
+    steps = np.array([len(c) + k for c in contexts for k in range(spec["new_tokens"])], dtype=np.float64)
+    out = {"sgemm": sgemm, "gguf": str(path),
+           "scoring_facts": {"requests": len(requests), "requested_tokens": int(sum(len(r.tokens) for r in requests)),
+                             "trie_minimal_tokens": int(trie.size), "attended_cells": float((trie + 1.0).sum()),
+                             "mean_trie_position": float(trie.mean()),
+                             "scored_tokens": int(sum(r.n_scored for r in requests))},
+           "decoding_facts": {"contexts": len(contexts), "new_tokens": spec["new_tokens"],
+                              "step_tokens": int(steps.size), "attended_cells": float((steps + 1.0).sum()),
+                              "mean_context_tokens": float(np.mean([len(c) for c in contexts]))}}
+    for label, profiled in (("plain", False), ("profiled", True)):
+        out[label] = measure_layout(path, spec["threads"], options, requests, contexts, spec["new_tokens"],
+                                    spec["repeats"], profiled)
+    return out
+
+
+# ---------------------------------------------------------------- the parent: figures
+
+
+def mean_kind_totals(runs: Sequence[dict], phase: str) -> dict[str, dict]:
+    """Per-kind node count, seconds and FLOPs of one phase, averaged over the runs."""
+    merged = merge_totals([r for run in runs for r in run["nodes"] if r["phase"] == phase])
+    n = len(runs)
+    return {k: {**v, "nodes": v["nodes"] / n, "seconds": v["seconds"] / n, "flops": v["flops"] / n}
+            for k, v in merged.items()}
+
+
+def kind_table(totals: dict[str, dict], sgemm_gflops: float) -> list[dict]:
+    rows = aggregate(list(totals), [t["seconds"] for t in totals.values()], [t["flops"] for t in totals.values()])
+    return [{**r.to_dict(), "nodes": totals[r.kind]["nodes"],
+             "fraction_of_sgemm": r.gflops / sgemm_gflops if r.gflops else None} for r in rows]
+
+
+def attention_figures(totals: dict[str, dict], needed: dict[str, float], kq_shapes: Sequence[Sequence[int]]) -> dict:
+    """Attention FLOPs computed (every attended cell, masked or not) vs needed (own context only), and the cells per
+    micro-batch (layer 0's KQ: [n_kv, n_tokens, n_head, n_stream])."""
+    computed = sum(totals[k]["flops"] for k in ("attn KQ", "attn KQV") if k in totals)
+    need = needed["attn KQ"] + needed["attn KQV"]
+    tokens = sum(s[1] * s[3] for s in kq_shapes)
+    return {"computed_flops": computed, "needed_flops": need,
+            "masked_fraction": 1.0 - need / computed if computed else None,
+            "micro_batches": len(kq_shapes),
+            "mean_cells_per_token": sum(s[0] * s[1] * s[3] for s in kq_shapes) / tokens if tokens else None,
+            "micro_batch_shapes": [list(s) for s in kq_shapes]}
+
+
+def phase_figures(plain: Sequence[dict], profiled: Sequence[dict], phase: str, seconds_key: str, decode_key: str,
+                  needed: dict[str, float], sgemm_gflops: float) -> dict:
+    totals = mean_kind_totals(profiled, phase)
+    measured = statistics.median(r[seconds_key] for r in plain)
+    decode = statistics.median(r[decode_key] for r in plain)
+    gap = gap_breakdown(measured, decode, totals, needed, sgemm_gflops)
+    return {
+        "plain_seconds": measured, "plain_decode_seconds": decode,
+        "plain_runs": [r[seconds_key] for r in plain],
+        "profiled_seconds": statistics.median(r[seconds_key] for r in profiled),
+        "profiled_decode_seconds": statistics.median(r[decode_key] for r in profiled),
+        "node_seconds": gap["node_seconds"],
+        "kinds": kind_table(totals, sgemm_gflops),
+        "attention": attention_figures(totals, needed, profiled[-1]["first_layer_kq"]),
+        "gap": gap, "gap_groups": group_rows(gap["rows"], GAP_GROUPS),
+        "ops": _op_rows(profiled, phase),
+    }
+
+
+def _op_rows(runs: Sequence[dict], phase: str) -> list[dict]:
+    """Per (kind, ggml op) seconds and node counts, averaged over the runs: what each kind is made of."""
+    acc: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        for r in run["nodes"]:
+            if r["phase"] == phase:
+                a = acc.setdefault((r["kind"], r["op"]), [0.0, 0.0])
+                a[0] += r["nodes"] / len(runs)
+                a[1] += r["seconds"] / len(runs)
+    order = {k: i for i, k in enumerate(KINDS)}
+    return [{"kind": k, "op": o, "nodes": v[0], "seconds": v[1]}
+            for (k, o), v in sorted(acc.items(), key=lambda x: (order[x[0][0]], -x[1][1]))]
+
+
+def figures(raw: dict, shape) -> dict:
+    from fastscore.bench.roofline import lm_head_flops
+
+    sgemm = raw["sgemm"]["gflops"]
+    params = layer_params(shape.d_model, shape.n_head, shape.n_kv_head, shape.head_dim, shape.d_ff)
+    width, lm_params = shape.n_head * shape.head_dim, lm_head_flops(shape) // 2
+    sf, df = raw["scoring_facts"], raw["decoding_facts"]
+    scoring_needed = needed_flops(params, shape.n_layer, width, lm_params, sf["trie_minimal_tokens"],
+                                  sf["attended_cells"], sf["scored_tokens"])
+    step_needed = needed_flops(params, shape.n_layer, width, lm_params, df["step_tokens"], df["attended_cells"],
+                               df["step_tokens"])
+    p, q = raw["plain"], raw["profiled"]
+    scoring = phase_figures(p["scoring"], q["scoring"], "scoring", "seconds", "decode_seconds", scoring_needed, sgemm)
+    scoring["computed_tokens"] = p["scoring"][0]["computed_tokens"]
+    scoring["llama_decode_calls"] = p["scoring"][0]["decode_calls"]
+    step = phase_figures(p["decoding"], q["decoding"], "step", "step_seconds", "step_decode_seconds", step_needed,
+                         sgemm)
+    step["tokens_per_s"] = df["step_tokens"] / step["plain_seconds"]
+    step["llama_decode_calls"] = p["decoding"][0]["step_calls"]
+    return {"scoring": scoring, "decode_steps": step}
+
+
+# ---------------------------------------------------------------- the parent: running it
+
+
+def run_op_profile(opts: OpProfileOptions, scratch_dir: Path | None = None) -> dict:
+    """Every measurement and figure as one JSON-safe dict (fastscore.bench.op_profile_table.render prints it)."""
+    from fastscore.bench.roofline import shape_from_gguf
+    from fastscore.bench.run import _resolve_all, spawn
+    from fastscore.bench.workload import build_workload
+
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
+    workload = build_workload(opts.data_dir, opts.items_per_env, opts.envs, opts.seed, opts.conditions)
+    artefact = _resolve_all(opts.model, [("llamacpp", opts.quant)])[("llamacpp", opts.quant)]
+    shape = shape_from_gguf(artefact.path)
+    with tempfile.TemporaryDirectory(prefix="fastscore-op-profile-", dir=scratch_dir) as tmp:
+        scratch = Path(tmp)
+        (scratch / "workload.json").write_text(workload.to_json(), encoding="utf-8")
+        raw = spawn({"task": "op_profile", "model": opts.model, "quant": opts.quant, "threads": opts.threads,
+                     "repeats": opts.repeats, "workload": str(scratch / "workload.json"),
+                     "decode_contexts": opts.decode_contexts, "new_tokens": opts.new_tokens, "sgemm_n": opts.sgemm_n,
+                     "backend_options": dict(opts.backend_options)}, scratch, "op-profile")
+    options = {k: (str(v) if isinstance(v, Path) else [list(x) if isinstance(x, tuple) else x for x in v]
+                   if isinstance(v, tuple) else v)
+               for k, v in asdict(opts).items()}
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        "options": options, "gguf": raw["gguf"], "shape": shape.to_dict(), "sgemm": raw["sgemm"],
+        "workload": {"items": workload.n_items, "contexts": len(workload.sets), **raw["scoring_facts"]},
+        "decoding": raw["decoding_facts"], **figures(raw, shape),
+        "max_rss_mb": raw["max_rss_bytes"] / 2**20, "llamacpp_build": raw.get("llamacpp_build"),
+        "machine": {"cpu_count": os.cpu_count(), "load_average_at_start": load_at_start,
+                    "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "nice": os.nice(0)},
+    }
+
+
+def parse_backend_options(pairs: Sequence[str]) -> tuple[tuple[str, object], ...]:
+    """`key=value` llama.cpp options (as --backend-option) -> the typed fields that differ from nothing."""
+    from fastscore.backends.options import parse_options
+
+    record = parse_options("llamacpp", pairs)
+    keys = [p.partition("=")[0].strip().replace("-", "_") for p in pairs]
+    return tuple((k, getattr(record, k)) for k in keys)
+
+
+def _main() -> None:
+    import click
+
+    from fastscore.cli.app import bench_list, friendly
+    from fastscore.registry import default_model
+    from fastscore.study.datafile import default_data_dir
+
+    @click.command()
+    @click.option("--model", default=None, help="Registry name or folder (default: the embedded model).")
+    @click.option("--quant", default="f32", show_default=True, help="llama.cpp GGUF type.")
+    @click.option("--data", default=None, type=click.Path(path_type=Path), help="Study data (default: ../shared/data).")
+    @click.option("--limit", default=1, show_default=True, type=click.IntRange(min=1), help="Items per environment.")
+    @click.option("--env", "envs", default="tools", show_default=True, help="Comma-separated environments.")
+    @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+    @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1))
+    @click.option("--decode-contexts", default=32, show_default=True, type=click.IntRange(min=1))
+    @click.option("--new-tokens", default=8, show_default=True, type=click.IntRange(min=1))
+    @click.option("--sgemm-n", default=2048, show_default=True, type=click.IntRange(min=16))
+    @click.option("--backend-option", "backend_options", multiple=True,
+                  help="llama.cpp option key=value for both runs (e.g. n_ubatch=256); repeatable.")
+    @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path))
+    @friendly
+    def command(model, quant, data, limit, envs, threads, repeats, decode_contexts, new_tokens, sgemm_n,
+                backend_options, json_out):
+        """Per-op time of llama.cpp shared scoring and batched decoding steps, against the FLOP roofline."""
+        from fastscore.bench.op_profile_table import render
+        from fastscore.bench.table import print_and_save
+
+        opts = OpProfileOptions(model=model or default_model(), data_dir=data or default_data_dir(), quant=quant,
+                                items_per_env=limit, envs=bench_list(envs), threads=threads or os.cpu_count() or 1,
+                                repeats=repeats, decode_contexts=decode_contexts, new_tokens=new_tokens,
+                                sgemm_n=sgemm_n, backend_options=parse_backend_options(backend_options))
+        print_and_save(run_op_profile(opts), json_out, render)
+
+    command()
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,151 @@
+"""The llama.cpp op profile: classification and gap maths on crafted numbers, and a profile of a tiny random model
+whose node counts per kind follow from its architecture (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from fastscore.bench.op_kinds import (
+    GAP_GROUPS,
+    KINDS,
+    aggregate,
+    classify,
+    gap_breakdown,
+    group_rows,
+    layer_params,
+    matmul_flops,
+    needed_flops,
+)
+from fastscore.bench.roofline import ModelShape, layer_matmul_params, lm_head_flops, workload_flops
+
+TINY = ModelShape(n_layer=2, d_model=4, n_head=2, n_kv_head=1, head_dim=2, d_ff=8, n_vocab=10)
+
+
+def test_nodes_are_classified_by_op_name_and_sources():
+    assert classify("MUL_MAT", "Qcur-3", ["blk.3.attn_q.weight", "attn_norm-3"]) == "matmul q"
+    assert classify("MUL_MAT", "ffn_down-0", ["blk.0.ffn_down.weight", "ffn_swiglu-0"]) == "matmul down"
+    assert classify("MUL_MAT", "result_output", ["output.weight", "result_norm"]) == "lm_head"
+    assert classify("MUL_MAT", "result_output", ["token_embd.weight", "result_norm"]) == "lm_head"  # tied
+    assert classify("MUL_MAT", "kq-0", ["k-0", "q-0"]) == "attn KQ"
+    assert classify("MUL_MAT", "kqv-0", ["v-0", "kq_soft_max-0"]) == "attn KQV"
+    assert classify("SOFT_MAX", "kq_soft_max-0", ["kq-0", "kq_mask"]) == "attn softmax"
+    assert classify("RMS_NORM", "norm-0", ["inp_embd"]) == "norm"
+    assert classify("MUL", "attn_norm-0", ["norm-0", "blk.0.attn_norm.weight"]) == "norm"  # the gain
+    assert classify("MUL", "ffn_out-0", ["a", "b"]) == "add/mul"
+    assert classify("ROPE", "Qcur-0", ["Qcur-0 (reshaped)", "inp_pos"]) == "rope"
+    assert classify("SET_ROWS", "k_cache_view-0", ["Kcur-0", "k_idxs"]) == "kv write"
+    assert classify("GET_ROWS", "inp_embd", ["token_embd.weight", "inp_tokens"]) == "get_rows"
+    assert classify("SWIGLU", "ffn_swiglu-0", ["ffn_gate-0", "ffn_up-0"]) == "activation"
+    assert classify("CONT", "kqv_out-0", ["kqv-0 (permuted)"]) == "copy"
+    assert classify("VIEW", "x", []) == "view"
+    assert classify("ARGSORT", "x", []) == "other"
+    assert matmul_flops("MUL_MAT", (6, 5, 1, 1), 4) == 2 * 4 * 30
+    assert matmul_flops("ADD", (6, 5, 1, 1), 4) == 0
+
+
+def test_aggregate_sums_each_kind():
+    rows = {r.kind: r for r in aggregate(["matmul q", "norm", "matmul q"], [1.0, 2.0, 1.0], [4e9, 0.0, 4e9])}
+    assert list(rows) == ["matmul q", "norm"]  # in KINDS order
+    assert rows["matmul q"].nodes == 2 and rows["matmul q"].seconds == 2.0
+    assert rows["matmul q"].gflops == pytest.approx(4.0) and rows["norm"].gflops is None
+    assert rows["matmul q"].share == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        aggregate(["no such kind"], [1.0], [0.0])
+
+
+def test_needed_flops_are_the_bench_roofline():
+    params = layer_params(TINY.d_model, TINY.n_head, TINY.n_kv_head, TINY.head_dim, TINY.d_ff)
+    assert sum(params.values()) == layer_matmul_params(TINY)
+    positions = np.array([0, 1, 2, 3, 7])
+    need = needed_flops(params, TINY.n_layer, TINY.n_head * TINY.head_dim, lm_head_flops(TINY) // 2,
+                        positions.size, float((positions + 1).sum()), 3)
+    assert sum(need.values()) == pytest.approx(workload_flops(TINY, positions.size, positions.mean(), 3))
+
+
+def test_the_gap_is_split_without_remainder():
+    totals = {"matmul q": {"seconds": 3.0, "flops": 6e9}, "attn KQ": {"seconds": 1.0, "flops": 2e9},
+              "norm": {"seconds": 0.5, "flops": 0.0}}
+    needed = {"matmul q": 4e9, "attn KQ": 1e9}
+    gap = gap_breakdown(measured_seconds=6.0, decode_seconds=5.0, totals=totals, needed=needed, sgemm_gflops=1.0)
+    assert gap["roofline_seconds"] == pytest.approx(5.0)
+    assert gap["fraction_of_roofline"] == pytest.approx(5 / 6)
+    rows = {r["kind"]: r for r in gap["rows"]}
+    assert rows["matmul q"]["excess_seconds"] == pytest.approx(-1.0)  # faster than its FLOPs at the sgemm rate
+    assert rows["matmul q"]["recompute_seconds"] == pytest.approx(2.0)
+    assert rows["attn KQ"]["recompute_seconds"] == pytest.approx(1.0)  # masked cells: computed beyond the need
+    assert rows["llama.cpp host"]["excess_seconds"] == pytest.approx(0.5)  # 5.0 in llama_decode - 4.5 in nodes
+    assert rows["fastscore Python"]["excess_seconds"] == pytest.approx(1.0)
+    assert sum(r["excess_seconds"] for r in gap["rows"]) == pytest.approx(6.0 - 5.0)
+    assert sum(r["of_gap"] for r in gap["rows"]) == pytest.approx(1.0)
+    assert gap["gap_to_target_seconds"] == pytest.approx(6.0 - 5.0 / 0.8)
+    groups = group_rows(gap["rows"], GAP_GROUPS)
+    assert sum(g["excess_seconds"] for g in groups) == pytest.approx(1.0)  # every kind in exactly one group
+    grouped = [k for members in GAP_GROUPS.values() for k in members]
+    assert sorted(grouped) == sorted([*KINDS, "llama.cpp host", "fastscore Python"])
+
+
+def test_profiling_does_not_change_the_scores(tiny_artefact):
+    pytest.importorskip("llama_cpp")
+    from fastscore.backends.llamacpp import LlamaCppBackend
+    from fastscore.bench.op_capture import NodeTimer
+    from fastscore.records import TokenRequest
+
+    path = tiny_artefact("llama", "llamacpp", "f32").path
+    rng = np.random.default_rng(0)
+    stem = rng.integers(0, 500, size=40).tolist()
+    requests = [TokenRequest(tuple(stem + rng.integers(0, 500, size=n).tolist()), 30) for n in (5, 9, 14)]
+    with LlamaCppBackend(path, n_threads=2) as plain:
+        want = [s.logprobs for s in plain.score_tokens(requests)]
+    timer = NodeTimer()
+    with LlamaCppBackend(path, n_threads=2, eval_callback=timer.callback) as profiled:
+        got = [s.logprobs for s in profiled.score_tokens(requests)]
+    timer.check()
+    assert max(float(np.abs(a - b).max()) for a, b in zip(got, want)) <= 1e-6
+    assert sum(r["nodes"] for r in timer.rows()) > 0
+
+
+def test_op_profile_of_a_tiny_model(tiny_model, study_data, tmp_path):
+    from fastscore.bench.op_profile import OpProfileOptions, run_op_profile
+    from fastscore.bench.op_profile_table import render
+    from fastscore.conversion import tiny
+
+    opts = OpProfileOptions(model=str(tiny_model("llama")), data_dir=study_data, items_per_env=1, envs=("tools",),
+                            threads=2, repeats=1, decode_contexts=3, new_tokens=2, sgemm_n=128,
+                            conditions=("before",))
+    result = run_op_profile(opts, scratch_dir=tmp_path)
+    print(render(result))
+    assert json.loads(json.dumps(result)) == result
+    layers, head_dim = tiny.LAYERS, tiny.HIDDEN // tiny.HEADS
+
+    scoring = result["scoring"]
+    kinds = {k["kind"]: k for k in scoring["kinds"]}
+    ub = scoring["attention"]["micro_batches"]  # one layer-0 KQ product per micro-batch
+    assert ub >= 1
+    for kind in ("matmul q", "matmul k", "matmul v", "matmul o", "matmul gate", "matmul up", "matmul down",
+                 "attn KQ", "attn softmax", "attn KQV"):
+        assert kinds[kind]["nodes"] == layers * ub, kind  # one per layer per micro-batch
+    assert kinds["rope"]["nodes"] == 2 * layers * ub  # Q and K
+    assert kinds["kv write"]["nodes"] == 2 * layers * ub  # K and V into the cache
+    # attn_norm and ffn_norm per layer plus the output norm, each an RMS_NORM and the MUL by its gain
+    assert kinds["norm"]["nodes"] == 2 * (2 * layers + 1) * ub
+    assert kinds["lm_head"]["nodes"] == ub
+    # Shapes read from ggml's tensors: every layer's q and k projections multiply every computed token (the last
+    # layer's MLP runs on the logits rows only, so it is not asserted here).
+    computed = scoring["computed_tokens"]
+    assert kinds["matmul q"]["flops"] == layers * 2 * tiny.HIDDEN * tiny.HEADS * head_dim * computed
+    assert kinds["matmul k"]["flops"] == layers * 2 * tiny.HIDDEN * tiny.KV_HEADS * head_dim * computed
+    shapes = scoring["attention"]["micro_batch_shapes"]
+    assert sum(s[1] * s[3] for s in shapes) == computed  # every computed token in one micro-batch
+    assert all(s[0] % 256 == 0 and s[2] == tiny.HEADS for s in shapes)  # cells in 256-cell blocks, per head
+    assert sum(r["excess_seconds"] for r in scoring["gap"]["rows"]) == pytest.approx(
+        scoring["plain_seconds"] - scoring["gap"]["roofline_seconds"])
+
+    steps = result["decode_steps"]
+    assert steps["attention"]["micro_batches"] == 2  # one micro-batch per step: every stream's token together
+    assert {s[1] * s[3] for s in steps["attention"]["micro_batch_shapes"]} == {3}  # 3 contexts, one token each
+    step_kinds = {k["kind"]: k for k in steps["kinds"]}
+    assert step_kinds["lm_head"]["flops"] == 2 * tiny.HIDDEN * result["shape"]["n_vocab"] * 3 * 2
+    assert "CPU" in result["llamacpp_build"]["ggml_backends"]
