@@ -58,6 +58,9 @@ class OpProfileOptions:
     seed: int = 0
     conditions: tuple[str, ...] | None = None  # None: every study condition (as fastscore bench)
     backend_options: tuple[tuple[str, object], ...] = ()  # llama.cpp option fields, e.g. (("n_ubatch", 256),)
+    # Other layouts timed unprofiled against backend_options, alternating run by run in the same worker: each a tuple
+    # of option fields set on top of backend_options.
+    compare: tuple[tuple[tuple[str, object], ...], ...] = ()
 
     def __post_init__(self) -> None:
         if min(self.repeats, self.decode_contexts, self.new_tokens, self.items_per_env) < 1:
@@ -162,7 +165,39 @@ def run_worker_spec(spec: dict) -> dict:
     for label, profiled in (("plain", False), ("profiled", True)):
         out[label] = measure_layout(path, spec["threads"], options, requests, contexts, spec["new_tokens"],
                                     spec["repeats"], profiled)
+    if spec.get("compare"):
+        layouts = [options] + [options_for("llamacpp", {**(spec.get("backend_options") or {}), **extra})
+                               for extra in spec["compare"]]
+        out["layouts"] = compare_layouts(path, spec["threads"], layouts, requests, contexts, spec["new_tokens"],
+                                         spec["repeats"])
     return out
+
+
+def compare_layouts(path: Path, threads: int, layouts: Sequence, requests, contexts, new_tokens: int,
+                    repeats: int) -> list[dict]:
+    """Unprofiled scoring and decoding on one backend per layout (options record), the layouts alternating within
+    each repeat so drift of the machine's speed hits them alike; each layout's log-probs against the first's."""
+    from fastscore.backends.llamacpp import LlamaCppBackend, llama_module
+    from fastscore.bench.op_capture import TimedLlama
+
+    libs = [TimedLlama(llama_module()) for _ in layouts]
+    backends = [LlamaCppBackend(path, threads, o, library=lib) for o, lib in zip(layouts, libs)]
+    try:
+        logprobs = []
+        for backend, lib in zip(backends, libs):  # warm-up, and the log-probs compared
+            logprobs.append(np.concatenate([s.logprobs for s in backend.score_tokens(requests)]))
+            _decode_once(backend, lib, None, contexts[:2], 2)
+        runs: list[dict] = [{"scoring": [], "decoding": []} for _ in layouts]
+        for _ in range(repeats):
+            for backend, lib, run in zip(backends, libs, runs):
+                run["scoring"].append(_score_once(backend, lib, None, requests))
+                run["decoding"].append(_decode_once(backend, lib, None, contexts, new_tokens))
+    finally:
+        for backend in backends:
+            backend.close()
+    return [{"options": {k: v for k, v in asdict(o).items()}, **run,
+             "max_abs_logprob_diff_vs_first": float(np.max(np.abs(lp - logprobs[0])))}
+            for o, run, lp in zip(layouts, runs, logprobs)]
 
 
 # ---------------------------------------------------------------- the parent: figures
@@ -247,7 +282,30 @@ def figures(raw: dict, shape) -> dict:
                          sgemm)
     step["tokens_per_s"] = df["step_tokens"] / step["plain_seconds"]
     step["llama_decode_calls"] = p["decoding"][0]["step_calls"]
-    return {"scoring": scoring, "decode_steps": step}
+    out = {"scoring": scoring, "decode_steps": step}
+    if raw.get("layouts"):
+        out["layouts"] = layout_figures(raw["layouts"], raw["layouts"][0]["options"], df["step_tokens"],
+                                        sf["trie_minimal_tokens"])
+    return out
+
+
+def layout_figures(layouts: Sequence[dict], base: dict, step_tokens: int, unique_tokens: int) -> list[dict]:
+    """Per compared layout: the options that differ from the first, median scoring and decode-step seconds, their
+    ratios to the first layout's (> 1: faster), and the largest log-prob difference from it."""
+    first_score = statistics.median(r["seconds"] for r in layouts[0]["scoring"])
+    first_step = statistics.median(r["step_seconds"] for r in layouts[0]["decoding"])
+    rows = []
+    for lay in layouts:
+        score = statistics.median(r["seconds"] for r in lay["scoring"])
+        step = statistics.median(r["step_seconds"] for r in lay["decoding"])
+        rows.append({"changed": {k: v for k, v in lay["options"].items() if base.get(k) != v},
+                     "scoring_seconds": score, "scoring_runs": [r["seconds"] for r in lay["scoring"]],
+                     "unique_tokens_per_s": unique_tokens / score, "computed_tokens": lay["scoring"][0]["computed_tokens"],
+                     "step_seconds": step, "step_runs": [r["step_seconds"] for r in lay["decoding"]],
+                     "step_tokens_per_s": step_tokens / step,
+                     "scoring_speedup": first_score / score, "step_speedup": first_step / step,
+                     "max_abs_logprob_diff_vs_first": lay["max_abs_logprob_diff_vs_first"]})
+    return rows
 
 
 # ---------------------------------------------------------------- the parent: running it
@@ -269,10 +327,9 @@ def run_op_profile(opts: OpProfileOptions, scratch_dir: Path | None = None) -> d
         raw = spawn({"task": "op_profile", "model": opts.model, "quant": opts.quant, "threads": opts.threads,
                      "repeats": opts.repeats, "workload": str(scratch / "workload.json"),
                      "decode_contexts": opts.decode_contexts, "new_tokens": opts.new_tokens, "sgemm_n": opts.sgemm_n,
-                     "backend_options": dict(opts.backend_options)}, scratch, "op-profile")
-    options = {k: (str(v) if isinstance(v, Path) else [list(x) if isinstance(x, tuple) else x for x in v]
-                   if isinstance(v, tuple) else v)
-               for k, v in asdict(opts).items()}
+                     "backend_options": dict(opts.backend_options),
+                     "compare": [dict(c) for c in opts.compare]}, scratch, "op-profile")
+    options = {k: _jsonable(v) for k, v in asdict(opts).items()}
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "options": options, "gguf": raw["gguf"], "shape": shape.to_dict(), "sgemm": raw["sgemm"],
@@ -282,6 +339,15 @@ def run_op_profile(opts: OpProfileOptions, scratch_dir: Path | None = None) -> d
         "machine": {"cpu_count": os.cpu_count(), "load_average_at_start": load_at_start,
                     "load_average_at_end": [round(x, 2) for x in os.getloadavg()], "nice": os.nice(0)},
     }
+
+
+def _jsonable(value):
+    """Paths as text, (nested) tuples as lists: what json round-trips unchanged."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 def parse_backend_options(pairs: Sequence[str]) -> tuple[tuple[str, object], ...]:
@@ -313,10 +379,13 @@ def _main() -> None:
     @click.option("--sgemm-n", default=2048, show_default=True, type=click.IntRange(min=16))
     @click.option("--backend-option", "backend_options", multiple=True,
                   help="llama.cpp option key=value for both runs (e.g. n_ubatch=256); repeatable.")
+    @click.option("--compare", "compare", multiple=True,
+                  help="Another layout timed unprofiled against the first, alternating: comma-separated llama.cpp "
+                       "options key=value (e.g. n_ubatch=256); repeatable.")
     @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path))
     @friendly
     def command(model, quant, data, limit, envs, threads, repeats, decode_contexts, new_tokens, sgemm_n,
-                backend_options, json_out):
+                backend_options, compare, json_out):
         """Per-op time of llama.cpp shared scoring and batched decoding steps, against the FLOP roofline."""
         from fastscore.bench.op_profile_table import render
         from fastscore.bench.table import print_and_save
@@ -324,7 +393,8 @@ def _main() -> None:
         opts = OpProfileOptions(model=model or default_model(), data_dir=data or default_data_dir(), quant=quant,
                                 items_per_env=limit, envs=bench_list(envs), threads=threads or os.cpu_count() or 1,
                                 repeats=repeats, decode_contexts=decode_contexts, new_tokens=new_tokens,
-                                sgemm_n=sgemm_n, backend_options=parse_backend_options(backend_options))
+                                sgemm_n=sgemm_n, backend_options=parse_backend_options(backend_options),
+                                compare=tuple(parse_backend_options(bench_list(c)) for c in compare))
         print_and_save(run_op_profile(opts), json_out, render)
 
     command()

@@ -35,7 +35,7 @@ def _phase(title: str, f: dict, sgemm: float) -> list[str]:
 
 
 def render(result: dict) -> str:
-    from fastscore.bench.table import _f, build_line
+    from fastscore.bench.table import _f, _grid, build_line
 
     o, m, w, d = result["options"], result["machine"], result["workload"], result["decoding"]
     sgemm = result["sgemm"]["gflops"]
@@ -55,6 +55,15 @@ def render(result: dict) -> str:
     ]
     parts += _phase("shared scoring (score_tokens, every request in one call)", result["scoring"], sgemm)
     parts += _phase(f"decode steps ({d['contexts']} contexts x {d['new_tokens']} steps)", result["decode_steps"], sgemm)
+    if result.get("layouts"):
+        rows = [[", ".join(f"{k}={v}" for k, v in lay["changed"].items()) or "first (as above)",
+                 _f(lay["computed_tokens"]), _f(lay["scoring_seconds"], 3), _f(lay["unique_tokens_per_s"]),
+                 _f(lay["scoring_speedup"], 3), _f(lay["step_seconds"], 3), _f(lay["step_tokens_per_s"]),
+                 _f(lay["step_speedup"], 3), _f(lay["max_abs_logprob_diff_vs_first"], 2)]
+                for lay in result["layouts"]]
+        parts += ["", "layouts side by side (unprofiled, alternating run by run; medians):",
+                  _grid(["layout", "computed", "scoring s", "unique tok/s", "speedup", "steps s", "step tok/s",
+                         "speedup", "max |d logprob|"], rows)]
     parts += ["", "excess = seconds - the kind's needed FLOPs at the sgemm rate (recompute: FLOPs computed beyond the "
                   "needed ones, at that rate); node times come from the profiled run (each node its own graph), "
                   "the measured and llama_decode times from the unprofiled one"]

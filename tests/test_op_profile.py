@@ -114,7 +114,7 @@ def test_op_profile_of_a_tiny_model(tiny_model, study_data, tmp_path):
 
     opts = OpProfileOptions(model=str(tiny_model("llama")), data_dir=study_data, items_per_env=1, envs=("tools",),
                             threads=2, repeats=1, decode_contexts=3, new_tokens=2, sgemm_n=128,
-                            conditions=("before",))
+                            conditions=("before",), compare=((("n_ubatch", 64),),))
     result = run_op_profile(opts, scratch_dir=tmp_path)
     print(render(result))
     assert json.loads(json.dumps(result)) == result
@@ -149,3 +149,11 @@ def test_op_profile_of_a_tiny_model(tiny_model, study_data, tmp_path):
     step_kinds = {k["kind"]: k for k in steps["kinds"]}
     assert step_kinds["lm_head"]["flops"] == 2 * tiny.HIDDEN * result["shape"]["n_vocab"] * 3 * 2
     assert "CPU" in result["llamacpp_build"]["ggml_backends"]
+
+    # Another layout, timed side by side: what it changed, the same tokens computed, the same log-probs (f32 is
+    # batch-invariant: micro-batches of 64 tokens instead of 512 move nothing beyond float rounding).
+    first, other = result["layouts"]
+    assert first["changed"] == {} and other["changed"] == {"n_ubatch": 64}
+    assert first["computed_tokens"] == other["computed_tokens"] == computed
+    assert first["max_abs_logprob_diff_vs_first"] == 0.0 and other["max_abs_logprob_diff_vs_first"] <= 1e-5
+    assert other["scoring_speedup"] == pytest.approx(first["scoring_seconds"] / other["scoring_seconds"])
