@@ -157,38 +157,6 @@ def test_group_budget_splits_the_trie_without_changing_results(f32, f32_path):
     assert worst <= 1e-4
 
 
-def test_finished_pieces_cut_where_requests_end():
-    from fastscore.backends.llamacpp_batch import finished_pieces, sub_batch
-    from fastscore.engine.plan import ScoringPlan
-
-    stem = list(range(1, 11))
-    reqs = [TokenRequest(tuple(stem + tail), 10) for tail in ([20, 21], [20, 22, 23], [30, 31, 32, 33], [30, 34])]
-    (batch, _), = ScoringPlan(reqs, 64, 8).batches()
-    # Preorder: the stem (10), branch 20 (1), its leaves 21 (1) and 22 23 (2), branch 30 (1), leaves 31.. (3), 34 (1)
-    assert batch.n_tokens == 19
-    ends = {s: max(e for _, e, ids in batch.runs if s in ids.tolist()) for s in range(4)}
-    pieces = finished_pieces(batch, 1)
-    assert [(lo, hi) for lo, hi, _ in pieces] == [(0, 12), (12, 14), (14, 18), (18, 19)]
-    for lo, hi, ended in pieces:
-        assert ended == sorted(s for s, e in ends.items() if lo < e <= hi)  # each sequence freed once it has ended
-    assert [(lo, hi) for lo, hi, _ in finished_pieces(batch, 13)] == [(0, 14), (14, 19)]
-    assert [(lo, hi) for lo, hi, _ in finished_pieces(batch, 100)] == [(0, 19)]
-    part = sub_batch(batch, 12, 14)
-    assert part.tokens.tolist() == [22, 23] and [(b, e) for b, e, _ in part.runs] == [(0, 2)]
-
-
-def test_trimmed_scoring_frees_cells_without_changing_results(f32, f32_path):
-    """score_trim_tokens: the group fed in pieces, ended requests' cells freed between them: the same log-probs."""
-    reqs = requests_for(f32)
-    whole = f32.score_tokens(reqs)
-    with load("llamacpp", f32_path, n_ctx=1024, n_seq_max=64, score_trim_tokens=1, **EXACT) as trimmed:
-        got = trimmed.score_tokens(reqs)
-        assert trimmed.stats.computed_tokens == trimmed.stats.trie_minimal_tokens  # nothing recomputed
-    worst, _ = max_mean_diff(whole, got)
-    print(f"\nf32: one llama_decode per group vs pieces with ended requests' cells freed: max |d logprob| = {worst:.2e}")
-    assert worst <= 1e-5
-
-
 def test_sharing_on_q4_1_stays_within_quantisation_noise(q41):
     reqs = requests_for(q41)
     shared = q41.score_tokens(reqs)

@@ -90,8 +90,7 @@ class LlamaCppBackend(KVCacheBackend):
         self._ctx = new_context(L, self._model, options.n_ctx, options.n_ctx, self.settings)
         self.n_ctx = int(L.llama_n_ctx(self._ctx))  # llama.cpp may round the cache size up
         self._buffer = BatchBuffer(L, self.n_ctx, self.n_seq_max)
-        self._session = LlamaSession(L, self._ctx, self._buffer, self.n_vocab, owns_ctx=False,
-                                     trim_tokens=options.score_trim_tokens)
+        self._session = LlamaSession(L, self._ctx, self._buffer, self.n_vocab, owns_ctx=False)
         log.info("llama.cpp: %s, n_ctx=%d (trained %d), n_vocab=%d, %d threads, flash_attn=%s (decoding %s), kv=%s",
                  self.describe(), self.n_ctx, self.n_ctx_train, self.n_vocab, self.settings.n_threads,
                  options.flash_attn, options.decode_flash_attn, options.kv_type)

@@ -94,48 +94,13 @@ class BatchBuffer:
             self.batch = None
 
 
-def finished_pieces(batch: Batch, min_tokens: int) -> list[tuple[int, int, list[int]]]:
-    """Cut a scoring batch (trie runs in preorder) into consecutive pieces (begin, end, sequences that end in it):
-    each piece ends where at least one sequence has its last token and holds at least `min_tokens` tokens (the
-    last one may hold fewer). A sequence that has ended is needed by no later token, so its cells can be freed
-    before the next piece."""
-    last_end: dict[int, int] = {}
-    for _, end, ids in batch.runs:
-        for s in ids.tolist():
-            last_end[s] = end  # runs come in batch order: the last assignment is the sequence's end
-    ending: dict[int, list[int]] = {}
-    for s, end in last_end.items():
-        ending.setdefault(end, []).append(s)
-    pieces, start, done = [], 0, []
-    for _, end, _ in batch.runs:
-        done += ending.get(end, [])
-        if end in ending and end - start >= min_tokens and end < batch.n_tokens:
-            pieces.append((start, end, sorted(done)))
-            start, done = end, []
-    pieces.append((start, batch.n_tokens, sorted(done)))
-    return pieces
-
-
-def sub_batch(batch: Batch, lo: int, hi: int) -> Batch:
-    """Tokens [lo, hi) of a batch, runs cut to them and rebased."""
-    runs = tuple((max(b, lo) - lo, min(e, hi) - lo, ids) for b, e, ids in batch.runs if b < hi and e > lo)
-    return Batch(tokens=batch.tokens[lo:hi], positions=batch.positions[lo:hi], outputs=batch.outputs[lo:hi],
-                 runs=runs, n_seqs=batch.n_seqs)
-
-
 class LlamaSession:
     """One llama context run as a trie-plan Session. Logits rows returned by forward() are views into
-    llama.cpp's output buffer, valid until the next forward() on this context.
+    llama.cpp's output buffer, valid until the next forward() on this context."""
 
-    `trim_tokens` > 0 (scoring only: every sequence of a batch must end in it): a batch is fed in pieces of at least
-    that many tokens (finished_pieces), and after each piece the cells of the sequences that ended in it are
-    freed, so the next piece reuses them: without flash attention every token attends over all cells up to the
-    highest one in use, and the finished branches' cells would otherwise stay in that range."""
-
-    def __init__(self, L, ctx, buffer: BatchBuffer, n_vocab: int, owns_ctx: bool, trim_tokens: int = 0) -> None:
+    def __init__(self, L, ctx, buffer: BatchBuffer, n_vocab: int, owns_ctx: bool) -> None:
         self.L, self.ctx, self.buffer, self.owns_ctx = L, ctx, buffer, owns_ctx
         self.n_vocab = n_vocab
-        self.trim_tokens = trim_tokens
         self.abort = AbortOnInterrupt(L, ctx)
 
     def clear(self) -> None:
@@ -143,17 +108,6 @@ class LlamaSession:
         self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), False)
 
     def forward(self, batch: Batch) -> np.ndarray:
-        pieces = finished_pieces(batch, self.trim_tokens) if self.trim_tokens else []
-        if len(pieces) <= 1:
-            return self._forward(batch)
-        memory, rows = self.L.llama_get_memory(self.ctx), []
-        for lo, hi, ended in pieces:
-            rows.append(np.array(self._forward(sub_batch(batch, lo, hi))))  # a copy: the view dies at the next decode
-            for s in ended:
-                self.L.llama_memory_seq_rm(memory, s, -1, -1)
-        return np.concatenate(rows)
-
-    def _forward(self, batch: Batch) -> np.ndarray:
         self.buffer.fill(batch)
         with self.abort.guard():
             rc = self.L.llama_decode(self.ctx, self.buffer.batch)

@@ -38,10 +38,6 @@ class LlamaCppOptions:
     # over all cells of its group, so big groups waste attention and small ones recompute shared prefixes:
     # 1536 measured fastest overall (f32 40.5 s -> 26.5 s, q4_0 36.1 s -> 23.0 s vs 4096 on the bench workload).
     max_group_tokens: int = 1536
-    # Scoring: 0 feeds each group in one llama_decode. N > 0 feeds it in pieces of at least N tokens, each ending
-    # where requests end, and frees the ended requests' cells before the next piece, so later tokens attend over
-    # fewer cells (without flash attention a token attends over every cell up to the highest in use).
-    score_trim_tokens: int = 0
     # decode_kv="unified": prefill tokens of one greedy-decoding cache (at least n_ctx; a bigger cache is prefilled
     # in forwards of n_ctx).
     # Fewer caches mean fuller steps (one forward per cache), but every step's attention then scans more cells:
@@ -59,8 +55,6 @@ class LlamaCppOptions:
                                f"not {self.decode_kv!r}")
         if self.decode_memory_mb < 1:
             raise RequestError(f"llamacpp option decode_memory_mb must be positive (got {self.decode_memory_mb})")
-        if self.score_trim_tokens < 0:
-            raise RequestError(f"llamacpp option score_trim_tokens must be >= 0 (got {self.score_trim_tokens})")
         if self.kv_type not in KV_CACHE_TYPES:
             raise RequestError(f"llamacpp option kv_type must be one of {', '.join(KV_CACHE_TYPES)}, "
                                f"not {self.kv_type!r}")
