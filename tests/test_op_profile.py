@@ -157,3 +157,22 @@ def test_op_profile_of_a_tiny_model(tiny_model, study_data, tmp_path):
     assert first["computed_tokens"] == other["computed_tokens"] == computed
     assert first["max_abs_logprob_diff_vs_first"] == 0.0 and other["max_abs_logprob_diff_vs_first"] <= 1e-5
     assert other["scoring_speedup"] == pytest.approx(first["scoring_seconds"] / other["scoring_seconds"])
+
+
+def test_bench_op_profile_flag_writes_the_json(tiny_model, study_data, tmp_path):
+    """`fastscore bench --op-profile` runs the module with the bench's options: the largest greedy batch is the number
+    of contexts decoded."""
+    from click.testing import CliRunner
+
+    from fastscore.cli import main
+
+    json_out = tmp_path / "ops.json"
+    result = CliRunner().invoke(main, ["bench", "--op-profile", "--model", str(tiny_model("llama")), "--data",
+                                       str(study_data), "--limit", "1", "--env", "tools", "--conditions", "before",
+                                       "--threads", "1", "--repeats", "1", "--greedy-batches", "1,2",
+                                       "--new-tokens", "2", "--sgemm-n", "64", "--json-out", str(json_out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(json_out.read_text())
+    assert summary == json.loads(result.output.strip().splitlines()[-1])
+    assert summary["decoding"]["contexts"] == 2 and summary["options"]["threads"] == 1
+    assert "where the time above the roofline goes" in result.output

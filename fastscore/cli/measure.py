@@ -43,6 +43,12 @@ from fastscore.study.envs import ENVS
               help="Instead, measure what bounds batched greedy decoding (fastscore.bench.decode_bound's default grid; "
                    "uses --model, --best as the type (default f32), --threads, --repeats, --pp-tokens, --json-out; "
                    "more options: python -m fastscore.bench.decode_bound --help).")
+@click.option("--op-profile", is_flag=True,
+              help="Instead, profile llama.cpp op by op on the workload's shared scoring and on greedy decoding steps, "
+                   "against the FLOP roofline (fastscore.bench.op_profile; uses --model, --best as the type (default "
+                   "f32), --data, --limit, --env, --conditions, --threads, --repeats, the largest --greedy-batches as "
+                   "the contexts decoded, --new-tokens, --sgemm-n, --json-out; more options: python -m "
+                   "fastscore.bench.op_profile --help).")
 @click.option("--study-bound", "study_runs", multiple=True,
               type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Instead, the item-runs per hour this machine's sgemm rate allows for the tokens these study runs "
@@ -51,7 +57,7 @@ from fastscore.study.envs import ENVS
 @friendly
 def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_reference, best, pp_tokens,
           per_request_repeats, reference_repeats, per_request_limit, greedy_batches, new_tokens, greedy_repeats, sgemm_n,
-          conditions, json_out, requests, decode_bound, study_runs) -> None:
+          conditions, json_out, requests, decode_bound, op_profile, study_runs) -> None:
     """Benchmark every backend side by side on the same study requests: a table, then one JSON line."""
     import os
 
@@ -72,6 +78,19 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
         opts = DecodeBoundOptions(model=model or default_model(), quant=best or "f32",
                                   threads=threads or os.cpu_count() or 1, repeats=repeats, pp_tokens=pp_tokens)
         print_and_save(run_decode_bound(opts), json_out, render)
+        return
+
+    if op_profile:
+        from fastscore.bench.op_profile import OpProfileOptions, run_op_profile
+        from fastscore.bench.op_profile_table import render
+        from fastscore.bench.table import print_and_save
+        from fastscore.registry import default_model
+
+        opts = OpProfileOptions(model=model or default_model(), data_dir=data, quant=best or "f32", items_per_env=limit,
+                                envs=bench_list(envs), threads=threads or os.cpu_count() or 1, repeats=repeats,
+                                decode_contexts=max(int(b) for b in bench_list(greedy_batches)), new_tokens=new_tokens,
+                                sgemm_n=sgemm_n, conditions=bench_list(conditions))
+        print_and_save(run_op_profile(opts), json_out, render)
         return
 
     from fastscore import outputs
