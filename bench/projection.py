@@ -79,6 +79,12 @@ def rates(results: dict, backend: str, quant: str) -> dict[str, float] | None:
         out["unique_cpu"] = score["trie_minimal_tokens"] / shared["cpu_seconds"]
         out["pp_cpu"] = score["prefill"]["tokens"] / score["prefill"]["cpu_seconds"]
         out["score_core_share"] = shared["cpu_seconds"] / shared["seconds"]
+    return {**out, **greedy_rates(greedy)}
+
+
+def greedy_rates(greedy: dict) -> dict[str, float]:
+    """A recorded greedy step's tok/s (decode phase, and with the contexts' prefill); empty if it holds none."""
+    out = {}
     batches = [v for k, v in greedy.items() if k.isdigit()]
     if batches:
         run = batches[0]["batched"]
@@ -157,8 +163,14 @@ def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]
             r = rates(res, backend, quant)
             if r is None:
                 step = res["steps"].get(step_name("score", backend, quant), {})
+                greedy = greedy_rates(res["steps"].get(step_name("greedy", backend, quant), {}))
                 if "error" in step:
                     lines.append(f"| {res['label']} | {backend} {quant} | failed: {step['error'][:160]} | | | | | |")
+                elif greedy:  # a greedy step measured without its scoring step: its row, scoring cells empty
+                    g = greedy
+                    lines.append(f"| {res['label']} | {backend} {quant} | – | – | {_f(g['greedy_decode'], 1)} "
+                                 f"({_f(g['greedy_with_prefill'], 1)}) | – / {_gb(g.get('greedy_rss'))} | – | "
+                                 f"{_f(g.get('greedy_with_prefill_cpu'), 1)} ({_f(g.get('greedy_core_share'), 2)}) |")
                 continue  # not measured: no row (the conversion table shows what exists)
             greedy = (f"{_f(r.get('greedy_decode'), 1)} ({_f(r.get('greedy_with_prefill'), 1)})"
                       if "greedy_decode" in r else "–")

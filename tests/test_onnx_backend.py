@@ -390,4 +390,7 @@ def test_real_size_fp32_export_leaves_the_checks_a_clean_process(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert int(out.stdout.strip().splitlines()[-1]) < 3 * weights
+    peak = int(out.stdout.strip().splitlines()[-1])
+    print(f"360M stand-in fp32 export: the calling process peaked at {peak / 1e9:.2f} GB, "
+          f"{peak / weights:.2f}x the {weights / 1e9:.2f} GB of weights (bound 3x)")
+    assert peak < 3 * weights

@@ -181,6 +181,20 @@ def test_the_ratio_table_divides_each_type_by_the_same_models_f32_by_wall_and_cp
     assert "| m | onnx fp32 | 64.0 | 80.0 (100.0) | 32.0 (36.0) | – / – | – (–) | – (–) |" in table
 
 
+def test_a_greedy_step_recorded_without_its_scoring_step_still_has_its_row():
+    # e.g. a rerun of one model's greedy step alone (the 1.7B's f32, first measured at 0.13 of a core): recorded in
+    # the results file, so the table shows it, with the scoring cells empty; a type with neither step has no row
+    from fastscore.bench import projection
+    from fastscore.bench.scale import SCORING
+
+    _, greedy = _measured(2.0, 4.0, 16.0, 1.5, 0.5)
+    results = [{"label": "m", "standin": True, "steps": {"greedy-gguf-f32": greedy}}]
+    rows = projection.scoring_rows(results, SCORING)
+    # 4 x 8 tokens decoded at 16 tok/s (2 s) after a 40-token prefill of 1 s: 72 tokens in 3 s, 1.5 CPU s
+    assert rows[2:] == ["| m | llamacpp f32 | – | – | 16.0 (24.0) | – / – | – | 48.0 (0.50) |"]
+    assert projection.rates(results[0], "llamacpp", "f32") is None  # the projection still needs the scoring rate
+
+
 @pytest.fixture(scope="module")
 def tiny_standin(smollm_tokenizer_dir, tmp_path_factory) -> Path:
     """A two-layer Qwen2 stand-in whose vocabulary (50,000) is larger than its tokenizer's, as every real one's is."""
