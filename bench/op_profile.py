@@ -195,7 +195,7 @@ def compare_layouts(path: Path, threads: int, layouts: Sequence, requests, conte
     finally:
         for backend in backends:
             backend.close()
-    return [{"options": {k: v for k, v in asdict(o).items()}, **run,
+    return [{"options": asdict(o), **run,
              "max_abs_logprob_diff_vs_first": float(np.max(np.abs(lp - logprobs[0])))}
             for o, run, lp in zip(layouts, runs, logprobs)]
 
@@ -300,7 +300,8 @@ def layout_figures(layouts: Sequence[dict], base: dict, step_tokens: int, unique
         step = statistics.median(r["step_seconds"] for r in lay["decoding"])
         rows.append({"changed": {k: v for k, v in lay["options"].items() if base.get(k) != v},
                      "scoring_seconds": score, "scoring_runs": [r["seconds"] for r in lay["scoring"]],
-                     "unique_tokens_per_s": unique_tokens / score, "computed_tokens": lay["scoring"][0]["computed_tokens"],
+                     "unique_tokens_per_s": unique_tokens / score,
+                     "computed_tokens": lay["scoring"][0]["computed_tokens"],
                      "step_seconds": step, "step_runs": [r["step_seconds"] for r in lay["decoding"]],
                      "step_tokens_per_s": step_tokens / step,
                      "scoring_speedup": first_score / score, "step_speedup": first_step / step,
@@ -351,7 +352,7 @@ def _jsonable(value):
 
 
 def parse_backend_options(pairs: Sequence[str]) -> tuple[tuple[str, object], ...]:
-    """`key=value` llama.cpp options (as --backend-option) -> the typed fields that differ from nothing."""
+    """`key=value` llama.cpp options (as --backend-option) -> the typed (field, value) pairs given."""
     from fastscore.backends.options import parse_options
 
     record = parse_options("llamacpp", pairs)
