@@ -11,13 +11,18 @@ the roofline counts nothing else, so every other kind's time is excess over it b
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-WEIGHT_KINDS = {"attn_q": "matmul q", "attn_k": "matmul k", "attn_v": "matmul v", "attn_output": "matmul o",
-                "ffn_gate": "matmul gate", "ffn_up": "matmul up", "ffn_down": "matmul down"}
+from fastscore.bench.roofline import WEIGHTS, ModelShape, attention_cell_flops, layer_weight_params, lm_head_flops
+
+KIND_OF_WEIGHT = {w: f"matmul {w}" for w in WEIGHTS}  # roofline's weight name -> the kind of its matmul nodes
+# llama.cpp's layer tensor names (blk.N.<name>.weight) -> the kind of the matmul reading them
+WEIGHT_KINDS = {gguf: KIND_OF_WEIGHT[w] for gguf, w in (("attn_q", "q"), ("attn_k", "k"), ("attn_v", "v"),
+                                                         ("attn_output", "o"), ("ffn_gate", "gate"),
+                                                         ("ffn_up", "up"), ("ffn_down", "down"))}
 KINDS = (*WEIGHT_KINDS.values(), "lm_head", "attn KQ", "attn softmax", "attn KQV", "matmul other", "norm", "rope",
          "kv write", "get_rows", "add/mul", "activation", "copy", "view", "other")
 ATTENTION_KINDS = ("attn KQ", "attn softmax", "attn KQV")
@@ -107,34 +112,34 @@ def aggregate(kinds: Sequence[str], seconds: Sequence[float], flops: Sequence[fl
     return out
 
 
-def merge_totals(rows: Sequence[Mapping]) -> dict[str, dict]:
-    """Sum per-kind rows (dicts with kind, nodes, seconds, flops) from several runs into one row per kind."""
-    out: dict[str, dict] = {}
+def mean_totals(rows: Iterable[Mapping], n_runs: int, by: Sequence[str] = ("kind",)) -> dict[tuple, dict]:
+    """Rows (dicts with the `by` fields, nodes, seconds, flops) of `n_runs` runs summed per distinct value of the
+    `by` fields, then divided by n_runs: the mean per run, keyed by those values in order of first appearance."""
+    if n_runs < 1:
+        raise ValueError(f"n_runs must be >= 1 (got {n_runs})")
+    sums: dict[tuple, dict] = {}
     for r in rows:
-        acc = out.setdefault(r["kind"], {"kind": r["kind"], "nodes": 0, "seconds": 0.0, "flops": 0.0})
+        key = tuple(r[f] for f in by)
+        acc = sums.setdefault(key, {**dict(zip(by, key)), "nodes": 0, "seconds": 0.0, "flops": 0.0})
         acc["nodes"] += int(r["nodes"])
         acc["seconds"] += float(r["seconds"])
         acc["flops"] += float(r["flops"])
+    # sum, then divide once: the mean of each kind's total, not a sum of rounded shares
+    return {key: {**acc, "nodes": acc["nodes"] / n_runs, "seconds": acc["seconds"] / n_runs,
+                  "flops": acc["flops"] / n_runs} for key, acc in sums.items()}
+
+
+def needed_flops(shape: ModelShape, n_tokens: int, attended: float, lm_head_rows: int) -> dict[str, float]:
+    """FLOPs the roofline (fastscore.bench.roofline) grants each kind for computing `n_tokens` tokens once, which
+    attend over `attended` cells in all (the sum of position + 1), with `lm_head_rows` logits rows: 2 x the weight's
+    params per token in every layer for each weight kind, half the attention FLOPs for each of the two attention
+    products (KQ and KQV cost the same), the lm_head's FLOPs per row; nothing for the other kinds."""
+    out = {KIND_OF_WEIGHT[w]: 2.0 * shape.n_layer * params * n_tokens
+           for w, params in layer_weight_params(shape).items()}
+    attention = 0.5 * attention_cell_flops(shape) * float(attended)
+    out.update({"attn KQ": attention, "attn KQV": attention,
+                "lm_head": float(lm_head_flops(shape)) * lm_head_rows})
     return out
-
-
-def needed_flops(layer_params: Mapping[str, int], n_layer: int, attn_width: int, lm_head_params: int,
-                 n_tokens: int, attended: float, lm_head_rows: int) -> dict[str, float]:
-    """FLOPs the roofline grants each kind for computing `n_tokens` tokens once, which attend over `attended` cells
-    in all (the sum of position + 1), with `lm_head_rows` logits rows: 2 x params per token for each weight kind,
-    2 x n_layer x attn_width x attended for each of the two attention products (attn_width = n_head x head_dim),
-    2 x lm_head params per row; nothing for the other kinds."""
-    out = {kind: 2.0 * n_layer * layer_params[kind] * n_tokens for kind in WEIGHT_KINDS.values()}
-    attention = 2.0 * n_layer * attn_width * float(attended)
-    out.update({"attn KQ": attention, "attn KQV": attention, "lm_head": 2.0 * lm_head_params * lm_head_rows})
-    return out
-
-
-def layer_params(d_model: int, n_head: int, n_kv_head: int, head_dim: int, d_ff: int) -> dict[str, int]:
-    """Weights of each matmul kind in one layer (gated MLP, grouped-query attention)."""
-    q, kv = n_head * head_dim, n_kv_head * head_dim
-    return {"matmul q": d_model * q, "matmul k": d_model * kv, "matmul v": d_model * kv, "matmul o": q * d_model,
-            "matmul gate": d_model * d_ff, "matmul up": d_model * d_ff, "matmul down": d_ff * d_model}
 
 
 def gap_breakdown(measured_seconds: float, decode_seconds: float, totals: Mapping[str, Mapping],

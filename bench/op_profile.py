@@ -19,6 +19,7 @@ llama_decode and fastscore's Python outside it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import statistics
@@ -36,8 +37,7 @@ from fastscore.bench.op_kinds import (
     aggregate,
     gap_breakdown,
     group_rows,
-    layer_params,
-    merge_totals,
+    mean_totals,
     needed_flops,
 )
 from fastscore.errors import RequestError
@@ -181,8 +181,9 @@ def compare_layouts(path: Path, threads: int, layouts: Sequence, requests, conte
     from fastscore.bench.op_capture import TimedLlama
 
     libs = [TimedLlama(llama_module()) for _ in layouts]
-    backends = [LlamaCppBackend(path, threads, o, library=lib) for o, lib in zip(layouts, libs)]
-    try:
+    with contextlib.ExitStack() as opened:  # a backend that fails to open still closes those opened before it
+        backends = [opened.enter_context(LlamaCppBackend(path, threads, o, library=lib))
+                    for o, lib in zip(layouts, libs)]
         logprobs = []
         for backend, lib in zip(backends, libs):  # warm-up, and the log-probs compared
             logprobs.append(np.concatenate([s.logprobs for s in backend.score_tokens(requests)]))
@@ -192,9 +193,6 @@ def compare_layouts(path: Path, threads: int, layouts: Sequence, requests, conte
             for backend, lib, run in zip(backends, libs, runs):
                 run["scoring"].append(_score_once(backend, lib, None, requests))
                 run["decoding"].append(_decode_once(backend, lib, None, contexts, new_tokens))
-    finally:
-        for backend in backends:
-            backend.close()
     return [{"options": asdict(o), **run,
              "max_abs_logprob_diff_vs_first": float(np.max(np.abs(lp - logprobs[0])))}
             for o, run, lp in zip(layouts, runs, logprobs)]
@@ -203,12 +201,13 @@ def compare_layouts(path: Path, threads: int, layouts: Sequence, requests, conte
 # ---------------------------------------------------------------- the parent: figures
 
 
+def _phase_rows(runs: Sequence[dict], phase: str) -> list[dict]:
+    return [r for run in runs for r in run["nodes"] if r["phase"] == phase]
+
+
 def mean_kind_totals(runs: Sequence[dict], phase: str) -> dict[str, dict]:
     """Per-kind node count, seconds and FLOPs of one phase, averaged over the runs."""
-    merged = merge_totals([r for run in runs for r in run["nodes"] if r["phase"] == phase])
-    n = len(runs)
-    return {k: {**v, "nodes": v["nodes"] / n, "seconds": v["seconds"] / n, "flops": v["flops"] / n}
-            for k, v in merged.items()}
+    return {kind: v for (kind,), v in mean_totals(_phase_rows(runs, phase), len(runs)).items()}
 
 
 def kind_table(totals: dict[str, dict], sgemm_gflops: float) -> list[dict]:
@@ -251,29 +250,17 @@ def phase_figures(plain: Sequence[dict], profiled: Sequence[dict], phase: str, s
 
 def _op_rows(runs: Sequence[dict], phase: str) -> list[dict]:
     """Per (kind, ggml op) seconds and node counts, averaged over the runs: what each kind is made of."""
-    acc: dict[tuple[str, str], list[float]] = {}
-    for run in runs:
-        for r in run["nodes"]:
-            if r["phase"] == phase:
-                a = acc.setdefault((r["kind"], r["op"]), [0.0, 0.0])
-                a[0] += r["nodes"] / len(runs)
-                a[1] += r["seconds"] / len(runs)
+    means = mean_totals(_phase_rows(runs, phase), len(runs), by=("kind", "op"))
     order = {k: i for i, k in enumerate(KINDS)}
-    return [{"kind": k, "op": o, "nodes": v[0], "seconds": v[1]}
-            for (k, o), v in sorted(acc.items(), key=lambda x: (order[x[0][0]], -x[1][1]))]
+    return [{"kind": v["kind"], "op": v["op"], "nodes": v["nodes"], "seconds": v["seconds"]}
+            for v in sorted(means.values(), key=lambda v: (order[v["kind"]], -v["seconds"]))]
 
 
 def figures(raw: dict, shape) -> dict:
-    from fastscore.bench.roofline import lm_head_flops
-
     sgemm = raw["sgemm"]["gflops"]
-    params = layer_params(shape.d_model, shape.n_head, shape.n_kv_head, shape.head_dim, shape.d_ff)
-    width, lm_params = shape.n_head * shape.head_dim, lm_head_flops(shape) // 2
     sf, df = raw["scoring_facts"], raw["decoding_facts"]
-    scoring_needed = needed_flops(params, shape.n_layer, width, lm_params, sf["trie_minimal_tokens"],
-                                  sf["attended_cells"], sf["scored_tokens"])
-    step_needed = needed_flops(params, shape.n_layer, width, lm_params, df["step_tokens"], df["attended_cells"],
-                               df["step_tokens"])
+    scoring_needed = needed_flops(shape, sf["trie_minimal_tokens"], sf["attended_cells"], sf["scored_tokens"])
+    step_needed = needed_flops(shape, df["step_tokens"], df["attended_cells"], df["step_tokens"])
     p, q = raw["plain"], raw["profiled"]
     scoring = phase_figures(p["scoring"], q["scoring"], "scoring", "seconds", "decode_seconds", scoring_needed, sgemm)
     scoring["computed_tokens"] = p["scoring"][0]["computed_tokens"]

@@ -36,12 +36,21 @@ class ModelShape:
         return asdict(self)
 
 
+WEIGHTS = ("q", "k", "v", "o", "gate", "up", "down")  # the matmul weights of one layer, in graph order
+
+
+def layer_weight_params(shape: ModelShape) -> dict[str, int]:
+    """Weights of each matmul of one layer (keys: WEIGHTS): the q, k, v, o projections (grouped-query attention: k
+    and v are n_kv_head heads wide, q and o n_head) and the gated MLP's gate, up and down."""
+    d, d_ff = shape.d_model, shape.d_ff
+    q_width, kv_width = shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
+    return {"q": d * q_width, "k": d * kv_width, "v": d * kv_width, "o": q_width * d,
+            "gate": d * d_ff, "up": d * d_ff, "down": d_ff * d}
+
+
 def layer_matmul_params(shape: ModelShape) -> int:
     """Weights multiplied per token in one layer: q, k, v, o projections and the gated MLP (gate, up, down)."""
-    d, q_width, kv_width = shape.d_model, shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
-    attention = d * q_width + 2 * d * kv_width + q_width * d
-    mlp = 3 * d * shape.d_ff
-    return attention + mlp
+    return sum(layer_weight_params(shape).values())
 
 
 def non_embedding_params(shape: ModelShape) -> int:
@@ -53,10 +62,15 @@ def lm_head_flops(shape: ModelShape) -> int:
     return 2 * shape.d_model * shape.n_vocab
 
 
+def attention_cell_flops(shape: ModelShape) -> float:
+    """Attention FLOPs of one query attending one key, every layer: QK^T and AV, 2 x n_head x head_dim each."""
+    return 4.0 * shape.n_layer * shape.n_head * shape.head_dim
+
+
 def attention_flops(shape: ModelShape, positions: np.ndarray | Sequence[int]) -> np.ndarray:
     """Attention FLOPs of a token at each 0-based position (QK^T and AV over t + 1 keys, every layer)."""
     t = np.asarray(positions, dtype=np.float64)
-    return 4.0 * shape.n_layer * shape.n_head * shape.head_dim * (t + 1.0)
+    return attention_cell_flops(shape) * (t + 1.0)
 
 
 def flops_per_token(shape: ModelShape, mean_position: float, with_lm_head: bool) -> float:

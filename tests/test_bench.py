@@ -13,7 +13,9 @@ from fastscore.bench.roofline import (
     ModelShape,
     attention_flops,
     flops_per_token,
+    WEIGHTS,
     layer_matmul_params,
+    layer_weight_params,
     lm_head_flops,
     median,
     non_embedding_params,
@@ -40,6 +42,18 @@ def test_flops_per_token_on_a_crafted_shape():
     assert flops_per_token(TINY, 3, with_lm_head=True) == 2 * 288 + 128 + 80
     # lm_head on 2 of 10 computed positions only
     assert workload_flops(TINY, 10, 3, 2) == 10 * 704 + 2 * 80
+
+
+def test_per_weight_split_on_a_grouped_query_shape():
+    # d_model 10; 4 query heads of head_dim 3 (q width 12, not d_model), 2 KV heads (k/v width 6); d_ff 7
+    shape = ModelShape(n_layer=3, d_model=10, n_head=4, n_kv_head=2, head_dim=3, d_ff=7, n_vocab=11)
+    split = layer_weight_params(shape)
+    assert split == {"q": 10 * 12, "k": 10 * 6, "v": 10 * 6, "o": 12 * 10, "gate": 10 * 7, "up": 10 * 7,
+                     "down": 7 * 10}
+    assert tuple(split) == WEIGHTS
+    assert layer_matmul_params(shape) == 120 + 60 + 60 + 120 + 3 * 70
+    # TINY (1 KV head of 2, q width 4): q 16, k 8, v 8, o 16, MLP 3 x 32
+    assert layer_weight_params(TINY) == {"q": 16, "k": 8, "v": 8, "o": 16, "gate": 32, "up": 32, "down": 32}
 
 
 def test_smollm2_135m_parameter_count():

@@ -4,6 +4,7 @@ whose node counts per kind follow from its architecture (no timing assertions)."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,11 +16,11 @@ from fastscore.bench.op_kinds import (
     classify,
     gap_breakdown,
     group_rows,
-    layer_params,
     matmul_flops,
+    mean_totals,
     needed_flops,
 )
-from fastscore.bench.roofline import ModelShape, layer_matmul_params, lm_head_flops, workload_flops
+from fastscore.bench.roofline import ModelShape, workload_flops
 
 TINY = ModelShape(n_layer=2, d_model=4, n_head=2, n_kv_head=1, head_dim=2, d_ff=8, n_vocab=10)
 
@@ -57,12 +58,91 @@ def test_aggregate_sums_each_kind():
 
 
 def test_needed_flops_are_the_bench_roofline():
-    params = layer_params(TINY.d_model, TINY.n_head, TINY.n_kv_head, TINY.head_dim, TINY.d_ff)
-    assert sum(params.values()) == layer_matmul_params(TINY)
     positions = np.array([0, 1, 2, 3, 7])
-    need = needed_flops(params, TINY.n_layer, TINY.n_head * TINY.head_dim, lm_head_flops(TINY) // 2,
-                        positions.size, float((positions + 1).sum()), 3)
+    need = needed_flops(TINY, positions.size, float((positions + 1).sum()), 3)
     assert sum(need.values()) == pytest.approx(workload_flops(TINY, positions.size, positions.mean(), 3))
+
+
+def test_needed_flops_per_kind_on_a_grouped_query_shape():
+    # 3 layers, d_model 10, 4 query heads of 3 (q width 12), 2 KV heads (k/v width 6), d_ff 7, vocab 11; per layer
+    # q 10x12 = 120, k = v 10x6 = 60, o 12x10 = 120, gate = up = down 10x7 = 70
+    shape = ModelShape(n_layer=3, d_model=10, n_head=4, n_kv_head=2, head_dim=3, d_ff=7, n_vocab=11)
+    need = needed_flops(shape, n_tokens=5, attended=15.0, lm_head_rows=2)
+    assert need == {"matmul q": 2 * 3 * 120 * 5, "matmul k": 2 * 3 * 60 * 5, "matmul v": 2 * 3 * 60 * 5,
+                    "matmul o": 2 * 3 * 120 * 5, "matmul gate": 2 * 3 * 70 * 5, "matmul up": 2 * 3 * 70 * 5,
+                    "matmul down": 2 * 3 * 70 * 5,
+                    # each product: 2 x 3 layers x 4 heads x 3 dims per attended cell, 15 cells
+                    "attn KQ": 2 * 3 * 4 * 3 * 15, "attn KQV": 2 * 3 * 4 * 3 * 15,
+                    "lm_head": 2 * 10 * 11 * 2}
+    assert set(need) <= set(KINDS)
+
+
+def test_mean_totals_sum_runs_then_divide():
+    rows = [{"kind": "norm", "op": "RMS_NORM", "nodes": 3, "seconds": 1.0, "flops": 0.0},
+            {"kind": "matmul q", "op": "MUL_MAT", "nodes": 2, "seconds": 4.0, "flops": 8.0},
+            {"kind": "norm", "op": "MUL", "nodes": 3, "seconds": 0.5, "flops": 0.0},
+            {"kind": "norm", "op": "RMS_NORM", "nodes": 3, "seconds": 2.0, "flops": 0.0},  # the second run
+            {"kind": "matmul q", "op": "MUL_MAT", "nodes": 2, "seconds": 6.0, "flops": 8.0},
+            {"kind": "norm", "op": "MUL", "nodes": 3, "seconds": 1.5, "flops": 0.0}]
+    by_kind = mean_totals(rows, 2)
+    assert list(by_kind) == [("norm",), ("matmul q",)]  # first appearance
+    assert by_kind[("norm",)] == {"kind": "norm", "nodes": 6.0, "seconds": 2.5, "flops": 0.0}
+    assert by_kind[("matmul q",)] == {"kind": "matmul q", "nodes": 2.0, "seconds": 5.0, "flops": 8.0}
+    by_op = mean_totals(rows, 2, by=("kind", "op"))
+    assert by_op[("norm", "MUL")] == {"kind": "norm", "op": "MUL", "nodes": 3.0, "seconds": 1.0, "flops": 0.0}
+    assert by_op[("norm", "RMS_NORM")]["seconds"] == 1.5
+    with pytest.raises(ValueError):
+        mean_totals(rows, 0)
+
+
+def test_op_rows_and_kind_totals_average_alike():
+    from fastscore.bench.op_profile import _op_rows, mean_kind_totals
+
+    rng = np.random.default_rng(0)
+    runs = [{"nodes": [{"phase": phase, "kind": kind, "op": op, "nodes": int(rng.integers(1, 9)),
+                        "seconds": float(rng.uniform(0, 1)), "flops": 0.0}
+                       for phase in ("scoring", "step") for kind, op in
+                       (("norm", "RMS_NORM"), ("norm", "MUL"), ("matmul q", "MUL_MAT"), ("copy", "CONT"))]}
+            for _ in range(3)]
+    kinds, ops = mean_kind_totals(runs, "scoring"), _op_rows(runs, "scoring")
+    assert [r["kind"] for r in ops] == ["matmul q", "norm", "norm", "copy"]  # KINDS order, then slowest first
+    assert ops[1]["seconds"] >= ops[2]["seconds"]
+    for kind, total in kinds.items():
+        parts = [r for r in ops if r["kind"] == kind]
+        assert sum(r["seconds"] for r in parts) == pytest.approx(total["seconds"])
+        assert sum(r["nodes"] for r in parts) == pytest.approx(total["nodes"])
+    want = sum(r["seconds"] for run in runs for r in run["nodes"] if r["phase"] == "scoring" and r["kind"] == "norm")
+    assert kinds["norm"]["seconds"] == pytest.approx(want / 3)
+
+
+def test_compare_layouts_closes_every_opened_backend(monkeypatch):
+    """A backend that fails to open (here the second) must not leak those opened before it."""
+    import fastscore.backends.llamacpp as llamacpp
+    from fastscore.bench.op_profile import compare_layouts
+    from fastscore.errors import ModelLoadError
+
+    opened, closed = [], []
+
+    class FakeBackend:
+        def __init__(self, path, threads, options, library=None):
+            if opened:
+                raise ModelLoadError("the second layout does not open")
+            opened.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.close()
+
+        def close(self):
+            closed.append(self)
+
+    monkeypatch.setattr(llamacpp, "LlamaCppBackend", FakeBackend)
+    monkeypatch.setattr(llamacpp, "llama_module", lambda: object())
+    with pytest.raises(ModelLoadError):
+        compare_layouts(Path("unused.gguf"), 1, ["first", "second"], [], [], 1, 1)
+    assert len(opened) == 1 and closed == opened
 
 
 def test_the_gap_is_split_without_remainder():
