@@ -77,6 +77,7 @@ def rates(results: dict, backend: str, quant: str) -> dict[str, float] | None:
            "score_rss": score.get("max_rss_bytes")}
     if "cpu_seconds" in shared:  # per CPU second of the process: what a step's share of a busy core hardly moves
         out["unique_cpu"] = score["trie_minimal_tokens"] / shared["cpu_seconds"]
+        out["score_computed_cpu"] = shared["stats"]["computed_tokens"] / shared["cpu_seconds"]
         out["pp_cpu"] = score["prefill"]["tokens"] / score["prefill"]["cpu_seconds"]
         out["score_core_share"] = shared["cpu_seconds"] / shared["seconds"]
     return {**out, **greedy_rates(greedy)}
@@ -100,6 +101,21 @@ def greedy_rates(greedy: dict) -> dict[str, float]:
     return out
 
 
+def on_basis(rate: dict[str, float] | None, basis: str) -> dict[str, float] | None:
+    """The rates a projection runs at: by wall time, or per CPU second of the step ("cpu": a worker that has its
+    whole core, for rates measured while other work shared the machine); None where that basis was not recorded."""
+    if rate is None or basis == "wall":
+        return rate
+    if basis != "cpu":
+        raise ValueError(f"unknown rate basis {basis!r}: wall or cpu")
+    if "score_computed_cpu" not in rate:
+        return None
+    picked = {"score_computed": rate["score_computed_cpu"]}
+    if "greedy_with_prefill_cpu" in rate:
+        picked["greedy_with_prefill"] = rate["greedy_with_prefill_cpu"]
+    return picked
+
+
 def project_seconds(work: dict, rate: dict[str, float], scale: float) -> float | None:
     """Seconds of one failure source's full run: each stage's tokens per examined item x `scale` at the rate."""
     total = 0.0
@@ -121,8 +137,8 @@ def full_scale(work: dict, sources: dict[str, int]) -> float:
     return sum(sources[env] for env in work["items"]) / examined
 
 
-def fastest_type(results: dict, candidates: Sequence[tuple[str, str]]) -> tuple[str, str] | None:
-    measured = [(rates(results, b, q), (b, q)) for b, q in candidates]
+def fastest_type(results: dict, candidates: Sequence[tuple[str, str]], basis: str = "wall") -> tuple[str, str] | None:
+    measured = [(on_basis(rates(results, b, q), basis), (b, q)) for b, q in candidates]
     measured = [(r["score_computed"], bq) for r, bq in measured if r and "greedy_with_prefill" in r]
     return max(measured)[1] if measured else None
 
@@ -214,7 +230,7 @@ def ratio_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]) 
 
 def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int],
                     fast_candidates: Sequence[tuple[str, str]], threads: int, cores: int,
-                    factors: dict[str, float] | None = None) -> list[str]:
+                    factors: dict[str, float] | None = None, basis: str = "wall") -> list[str]:
     """Hours of the full grid per model and type: worker-hours at the measured `threads` per worker, and this
     machine's wall hours with cores // threads such workers side by side (the sweep's --workers/--threads)."""
     workers = max(1, cores // threads)
@@ -224,9 +240,9 @@ def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources:
              "|---|---|" + "---|" * (len(works) + 3)]
     factors = factors or {}
     for res in all_results:
-        fast = fastest_type(res, fast_candidates)
+        fast = fastest_type(res, fast_candidates, basis)
         for backend, quant in dict.fromkeys([("llamacpp", "f32"), *([fast] if fast else [])]):
-            r = rates(res, backend, quant)
+            r = on_basis(rates(res, backend, quant), basis)
             if r is None:
                 continue
             hours = [project_seconds(w, r, full_scale(w, sources)) for w in works]
@@ -241,11 +257,12 @@ def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources:
     return lines
 
 
-def calibration_factors(works: Sequence[dict], results_135m: dict, workers: int) -> dict[str, float]:
+def calibration_factors(works: Sequence[dict], results_135m: dict, workers: int,
+                        basis: str = "wall") -> dict[str, float]:
     """Per failure source: the study's measured seconds / the 135M's projected seconds of the same run."""
     factors = {}
     for w in works:
-        r = rates(results_135m, "llamacpp", w.get("quant") or "f32")
+        r = on_basis(rates(results_135m, "llamacpp", w.get("quant") or "f32"), basis)
         projected = project_seconds(w, r, 1.0) if r else None
         if projected:
             measured = sum(s for stage, (s, _) in w["stages"].items() if stage in SCORE_STAGES + DECODE_STAGES)
@@ -253,12 +270,12 @@ def calibration_factors(works: Sequence[dict], results_135m: dict, workers: int)
     return factors
 
 
-def calibration(works: Sequence[dict], results_135m: dict, workers: int) -> list[str]:
+def calibration(works: Sequence[dict], results_135m: dict, workers: int, basis: str = "wall") -> list[str]:
     """The 135M row checked against the study it came from: its projected seconds (at the measured rates, `workers`
     side by side) vs the seconds the study measured for its scoring and decoding stages."""
     lines = []
     for w in works:
-        r = rates(results_135m, "llamacpp", w.get("quant") or "f32")
+        r = on_basis(rates(results_135m, "llamacpp", w.get("quant") or "f32"), basis)
         if r is None:
             continue
         projected = project_seconds(w, r, 1.0)
@@ -272,8 +289,11 @@ def calibration(works: Sequence[dict], results_135m: dict, workers: int) -> list
 
 
 def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int] | None,
-           configs: Sequence[tuple[str, str]], threads: int = 1, cores: int = 2) -> str:
-    """The markdown tables: conversions, scoring rates, and (given study runs) the projected grid."""
+           configs: Sequence[tuple[str, str]], threads: int = 1, cores: int = 2, basis: str = "wall",
+           study_workers: int | None = None) -> str:
+    """The markdown tables: conversions, scoring rates, and (given study runs) the projected grid, at the rates by
+    wall time or per CPU second (`basis`). The 135M's check compares its study run with the projection run by
+    `study_workers` one-thread workers (default: this machine's, cores // threads)."""
     out = ["Conversion (each step in its own process, its read-back check included; CPU s: user + system of the step "
            "and its subprocesses)", "", *conversion_rows(all_results), "",
            "Scoring and decoding (bench workload; medians of the timed runs)", "", *scoring_rows(all_results, configs)]
@@ -288,11 +308,12 @@ def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str
         out += ["", f"Load average (1 min) before the steps: {min(one_minute):.2f}–{max(one_minute):.2f}."]
     if works and sources:
         out += ["", f"Projected full grid (sources in the data: {', '.join(f'{k} {v}' for k, v in sources.items())}; "
-                "each failure source's stage tokens per examined source from the study run, at the measured rates)"]
+                "each failure source's stage tokens per examined source from the study run, at the measured rates"
+                + (" per CPU second: each worker has its whole core)" if basis == "cpu" else " by wall time)")]
         real = next((r for r in all_results if not r["standin"]), None)
-        workers = max(1, cores // threads)
-        factors = calibration_factors(works, real, workers) if real is not None else {}
-        rows = projection_rows(all_results, works, sources, configs, threads, cores, factors)
+        workers = study_workers or max(1, cores // threads)
+        factors = calibration_factors(works, real, workers, basis) if real is not None else {}
+        rows = projection_rows(all_results, works, sources, configs, threads, cores, factors, basis)
         out += ["", *rows]
         exact = [r.split(" | ") for r in rows[2:] if "(exact default)" in r]
         totals = [(float(c[-2]), float(c[-1].rstrip(" |"))) for c in exact if "–" not in (c[-2], c[-1].rstrip(" |"))]
@@ -301,5 +322,5 @@ def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str
                     f"{sum(t[0] for t in totals):.0f} h projected, {sum(t[1] for t in totals):.0f} h scaled by "
                     f"the 135M's measured/projected ({len(totals)} models)."]
         if real is not None:
-            out += ["", *calibration(works, real, workers)]
+            out += ["", *calibration(works, real, workers, basis)]
     return "\n".join(out)

@@ -195,6 +195,32 @@ def test_a_greedy_step_recorded_without_its_scoring_step_still_has_its_row():
     assert projection.rates(results[0], "llamacpp", "f32") is None  # the projection still needs the scoring rate
 
 
+def test_the_projection_runs_at_the_rates_per_cpu_second_when_asked():
+    # Rates measured on a shared machine: per CPU second is what a worker with its whole core would run at. The
+    # real model's check compares its study run (here one thread) with the projection at the same basis.
+    from fastscore.bench import projection
+    from fastscore.bench.scale import SCORING
+
+    score, greedy = _measured(2.0, 4.0, 16.0, 1.5, 0.5)  # half a core: 100 tokens in 2 s wall, 1 CPU s
+    real = {"label": "real", "standin": False, "steps": {"score-gguf-f32": score, "greedy-gguf-f32": greedy}}
+    no_cpu = dict(zip(("score-gguf-f32", "greedy-gguf-f32"), _measured(2.0, 4.0, 16.0, 1.5, None)))
+    other = {"label": "other", "standin": True, "steps": no_cpu}
+    work = {"failures": "seeded", "stages": {"score candidate sets": (100.0, 4000), "greedy decoding": (50.0, 1000)},
+            "items": {"tools": 10}, "skipped": {"tools": 10}}
+    rate = projection.rates(real, "llamacpp", "f32")
+    # 4000 tokens at 50 tok/s (wall) or 100 (CPU); 1000 at 72 tokens / 3 s (wall) or / 1.5 CPU s
+    assert np.isclose(projection.project_seconds(work, projection.on_basis(rate, "wall"), 1.0), 80 + 1000 / 24)
+    assert np.isclose(projection.project_seconds(work, projection.on_basis(rate, "cpu"), 1.0), 40 + 1000 / 48)
+    assert projection.on_basis(projection.rates(other, "llamacpp", "f32"), "cpu") is None
+    cpu = projection.render([real, other], [work], {"tools": 100}, SCORING, basis="cpu", study_workers=1)
+    assert "projected 61 s vs measured 150 s" in cpu and "per CPU second" in cpu
+    assert "| other |" not in cpu.split("Projected full grid", 1)[1]  # no CPU time recorded: no projected row
+    wall = projection.render([real, other], [work], {"tools": 100}, SCORING, basis="wall", study_workers=1)
+    assert "projected 122 s vs measured 150 s" in wall and "| other | llamacpp f32 (exact default) |" in wall
+    with pytest.raises(ValueError):
+        projection.on_basis(rate, "cycles")
+
+
 @pytest.fixture(scope="module")
 def tiny_standin(smollm_tokenizer_dir, tmp_path_factory) -> Path:
     """A two-layer Qwen2 stand-in whose vocabulary (50,000) is larger than its tokenizer's, as every real one's is."""

@@ -140,11 +140,17 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
 @click.option("--study", "studies", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="A study run's failure-source folder (report.md, summary.json) to project the full grid from; "
                    "repeat for each source.")
+@click.option("--per-cpu-second", is_flag=True,
+              help="Project the grid from the rates per CPU second of each step (a worker that has its whole core), "
+                   "not by wall time: for rates measured while other work shared the machine.")
+@click.option("--study-threads", default=None, type=click.IntRange(min=1),
+              help="Threads the --study runs used: the 135M's check runs its projection on that many one-thread "
+                   "workers (default: this machine's cores / --threads).")
 @click.option("--table-out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the markdown tables to this file.")
 @friendly
 def bench_scale(models, data, out, limit, threads, repeats, greedy_batch, new_tokens, skip, prune, studies,
-                table_out) -> None:
+                per_cpu_second, study_threads, table_out) -> None:
     """Convert and measure each registry model at real size (stand-ins where the weights are not here)."""
     import os
 
@@ -162,7 +168,8 @@ def bench_scale(models, data, out, limit, threads, repeats, greedy_batch, new_to
     results = run_scale(opts)
     works = [projection.study_work(folder) for folder in studies]
     sources = projection.count_sources(data, sorted({e for w in works for e in w["items"]})) if works else None
-    text = projection.render(results, works, sources, SCORING, opts.threads, os.cpu_count() or 1)
+    text = projection.render(results, works, sources, SCORING, opts.threads, os.cpu_count() or 1,
+                             basis="cpu" if per_cpu_second else "wall", study_workers=study_threads)
     click.echo(text)
     if table_out is not None:
         outputs.write_text_atomic(table_out, text + "\n")
