@@ -137,10 +137,18 @@ def full_scale(work: dict, sources: dict[str, int]) -> float:
     return sum(sources[env] for env in work["items"]) / examined
 
 
-def fastest_type(results: dict, candidates: Sequence[tuple[str, str]], basis: str = "wall") -> tuple[str, str] | None:
+def fastest_type(results: dict, candidates: Sequence[tuple[str, str]], basis: str = "wall",
+                 works: Sequence[dict] = (), sources: dict[str, int] | None = None) -> tuple[str, str] | None:
+    """The measured type (scoring and greedy rates both recorded) with the least projected grid time over `works`;
+    without study runs, the one with the highest scoring rate. A type can score faster and decode slower than
+    another (ONNX vs llama.cpp), so the scoring rate alone does not pick the fastest grid."""
     measured = [(on_basis(rates(results, b, q), basis), (b, q)) for b, q in candidates]
-    measured = [(r["score_computed"], bq) for r, bq in measured if r and "greedy_with_prefill" in r]
-    return max(measured)[1] if measured else None
+    measured = [(r, bq) for r, bq in measured if r and "greedy_with_prefill" in r]
+    if not measured:
+        return None
+    if works and sources:
+        return min(measured, key=lambda m: sum(project_seconds(w, m[0], full_scale(w, sources)) for w in works))[1]
+    return max(measured, key=lambda m: m[0]["score_computed"])[1]
 
 
 def _gb(n: int | None) -> str:
@@ -240,7 +248,7 @@ def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources:
              "|---|---|" + "---|" * (len(works) + 3)]
     factors = factors or {}
     for res in all_results:
-        fast = fastest_type(res, fast_candidates, basis)
+        fast = fastest_type(res, fast_candidates, basis, works, sources)
         for backend, quant in dict.fromkeys([("llamacpp", "f32"), *([fast] if fast else [])]):
             r = on_basis(rates(res, backend, quant), basis)
             if r is None:
@@ -248,6 +256,8 @@ def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources:
             hours = [project_seconds(w, r, full_scale(w, sources)) for w in works]
             total = None if None in hours else sum(hours) / 3600
             tag = "exact default" if (backend, quant) == ("llamacpp", "f32") else "fastest measured"
+            if fast == ("llamacpp", "f32") and fast == (backend, quant):
+                tag += ", fastest measured"
             calibrated = None if None in hours or len(factors) < len(works) else \
                 sum(h * factors[w["failures"]] for h, w in zip(hours, works)) / 3600 / workers
             lines.append(f"| {res['label']} | {backend} {quant} ({tag}) | "

@@ -216,9 +216,27 @@ def test_the_projection_runs_at_the_rates_per_cpu_second_when_asked():
     assert "projected 61 s vs measured 150 s" in cpu and "per CPU second" in cpu
     assert "| other |" not in cpu.split("Projected full grid", 1)[1]  # no CPU time recorded: no projected row
     wall = projection.render([real, other], [work], {"tools": 100}, SCORING, basis="wall", study_workers=1)
-    assert "projected 122 s vs measured 150 s" in wall and "| other | llamacpp f32 (exact default) |" in wall
+    assert "projected 122 s vs measured 150 s" in wall and "| other | llamacpp f32 (exact default, fastest measured) |" in wall
     with pytest.raises(ValueError):
         projection.on_basis(rate, "cycles")
+
+
+def test_the_fastest_type_is_the_one_with_the_least_projected_grid_time():
+    # ONNX scores faster than llama.cpp but decodes slower (measured on the stand-ins): the scoring rate alone would
+    # pick it, the projected grid (scoring and decoding stages) does not
+    from fastscore.bench import projection
+    from fastscore.bench.scale import SCORING
+
+    steps = {}
+    for name, figures in {"gguf-f32": (2.0, 4.0, 16.0, 1.5, 0.5), "onnx-fp32": (1.0, 4.0, 2.0, 1.5, 0.5)}.items():
+        steps[f"score-{name}"], steps[f"greedy-{name}"] = _measured(*figures)
+    res = {"label": "m", "standin": True, "steps": steps}
+    work = {"failures": "seeded", "stages": {"score candidate sets": (100.0, 4000), "greedy decoding": (50.0, 1000)},
+            "items": {"tools": 10}, "skipped": {"tools": 10}}
+    assert projection.fastest_type(res, SCORING, "cpu") == ("onnx", "fp32")  # no study runs: the scoring rate
+    assert projection.fastest_type(res, SCORING, "cpu", [work], {"tools": 100}) == ("llamacpp", "f32")
+    table = projection.render([res], [work], {"tools": 100}, SCORING, basis="cpu")
+    assert "| m | llamacpp f32 (exact default, fastest measured) |" in table and "| m | onnx fp32 (" not in table
 
 
 @pytest.fixture(scope="module")
