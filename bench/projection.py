@@ -236,34 +236,42 @@ def ratio_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]) 
     return lines
 
 
-def projection_rows(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int],
-                    fast_candidates: Sequence[tuple[str, str]], threads: int, cores: int,
-                    factors: dict[str, float] | None = None, basis: str = "wall") -> list[str]:
-    """Hours of the full grid per model and type: worker-hours at the measured `threads` per worker, and this
-    machine's wall hours with cores // threads such workers side by side (the sweep's --workers/--threads)."""
-    workers = max(1, cores // threads)
-    lines = ["| model | type | " + " | ".join(f"{w['failures']}: worker-h" for w in works)
-             + f" | grid: worker-hours ({threads} thread{'s' if threads > 1 else ''} per worker) | "
-             f"grid on this machine: hours ({workers} workers) | the same × the 135M's measured/projected |",
-             "|---|---|" + "---|" * (len(works) + 3)]
+def projected_grid(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int],
+                   fast_candidates: Sequence[tuple[str, str]], workers: int,
+                   factors: dict[str, float] | None = None, basis: str = "wall") -> list[dict]:
+    """Per model, its exact default and its fastest measured type: seconds per failure source (None where a rate is
+    missing), worker-hours, this machine's hours with `workers` side by side, and those scaled by `factors`."""
     factors = factors or {}
+    entries = []
     for res in all_results:
         fast = fastest_type(res, fast_candidates, basis, works, sources)
         for backend, quant in dict.fromkeys([("llamacpp", "f32"), *([fast] if fast else [])]):
             r = on_basis(rates(res, backend, quant), basis)
             if r is None:
                 continue
-            hours = [project_seconds(w, r, full_scale(w, sources)) for w in works]
-            total = None if None in hours else sum(hours) / 3600
-            tag = "exact default" if (backend, quant) == ("llamacpp", "f32") else "fastest measured"
-            if fast == ("llamacpp", "f32") and fast == (backend, quant):
-                tag += ", fastest measured"
-            calibrated = None if None in hours or len(factors) < len(works) else \
-                sum(h * factors[w["failures"]] for h, w in zip(hours, works)) / 3600 / workers
-            lines.append(f"| {res['label']} | {backend} {quant} ({tag}) | "
-                         + " | ".join(_f(h / 3600 if h is not None else None, 1) for h in hours)
-                         + f" | {_f(total, 1)} | {_f(None if total is None else total / workers, 1)} | "
-                         f"{_f(calibrated, 1)} |")
+            seconds = [project_seconds(w, r, full_scale(w, sources)) for w in works]
+            total = None if None in seconds else sum(seconds) / 3600
+            calibrated = None if None in seconds or len(factors) < len(works) else \
+                sum(h * factors[w["failures"]] for h, w in zip(seconds, works)) / 3600 / workers
+            entries.append({"label": res["label"], "backend": backend, "quant": quant,
+                            "exact": (backend, quant) == ("llamacpp", "f32"), "fastest": (backend, quant) == fast,
+                            "seconds": seconds, "worker_hours": total,
+                            "machine_hours": None if total is None else total / workers, "calibrated_hours": calibrated})
+    return entries
+
+
+def projection_rows(entries: Sequence[dict], works: Sequence[dict], threads: int, workers: int) -> list[str]:
+    """The projected grid (`projected_grid`) as a markdown table: worker-hours at the measured `threads` per worker,
+    and this machine's wall hours with `workers` such workers side by side (the sweep's --workers/--threads)."""
+    lines = ["| model | type | " + " | ".join(f"{w['failures']}: worker-h" for w in works)
+             + f" | grid: worker-hours ({threads} thread{'s' if threads > 1 else ''} per worker) | "
+             f"grid on this machine: hours ({workers} workers) | the same × the 135M's measured/projected |",
+             "|---|---|" + "---|" * (len(works) + 3)]
+    for e in entries:
+        tag = ", ".join(t for t, on in (("exact default", e["exact"]), ("fastest measured", e["fastest"])) if on)
+        lines.append(f"| {e['label']} | {e['backend']} {e['quant']} ({tag}) | "
+                     + " | ".join(_f(h / 3600 if h is not None else None, 1) for h in e["seconds"])
+                     + f" | {_f(e['worker_hours'], 1)} | {_f(e['machine_hours'], 1)} | {_f(e['calibrated_hours'], 1)} |")
     return lines
 
 
@@ -321,16 +329,16 @@ def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str
                 "each failure source's stage tokens per examined source from the study run, at the measured rates"
                 + (" per CPU second: each worker has its whole core)" if basis == "cpu" else " by wall time)")]
         real = next((r for r in all_results if not r["standin"]), None)
-        workers = study_workers or max(1, cores // threads)
-        factors = calibration_factors(works, real, workers, basis) if real is not None else {}
-        rows = projection_rows(all_results, works, sources, configs, threads, cores, factors, basis)
-        out += ["", *rows]
-        exact = [r.split(" | ") for r in rows[2:] if "(exact default)" in r]
-        totals = [(float(c[-2]), float(c[-1].rstrip(" |"))) for c in exact if "–" not in (c[-2], c[-1].rstrip(" |"))]
+        machine_workers = max(1, cores // threads)
+        factors = calibration_factors(works, real, study_workers or machine_workers, basis) if real is not None else {}
+        entries = projected_grid(all_results, works, sources, configs, machine_workers, factors, basis)
+        out += ["", *projection_rows(entries, works, threads, machine_workers)]
+        totals = [(e["machine_hours"], e["calibrated_hours"]) for e in entries
+                  if e["exact"] and e["machine_hours"] is not None and e["calibrated_hours"] is not None]
         if totals:
             out += ["", f"Every model measured above at its exact default, one after another on this machine: "
                     f"{sum(t[0] for t in totals):.0f} h projected, {sum(t[1] for t in totals):.0f} h scaled by "
                     f"the 135M's measured/projected ({len(totals)} models)."]
         if real is not None:
-            out += ["", *calibration(works, real, workers, basis)]
+            out += ["", *calibration(works, real, study_workers or machine_workers, basis)]
     return "\n".join(out)
