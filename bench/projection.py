@@ -191,10 +191,10 @@ def scoring_rows(all_results: Sequence[dict], configs: Sequence[tuple[str, str]]
                 if "error" in step:
                     lines.append(f"| {res['label']} | {backend} {quant} | failed: {step['error'][:160]} | | | | | |")
                 elif greedy:  # a greedy step measured without its scoring step: its row, scoring cells empty
-                    g = greedy
-                    lines.append(f"| {res['label']} | {backend} {quant} | – | – | {_f(g['greedy_decode'], 1)} "
-                                 f"({_f(g['greedy_with_prefill'], 1)}) | – / {_gb(g.get('greedy_rss'))} | – | "
-                                 f"{_f(g.get('greedy_with_prefill_cpu'), 1)} ({_f(g.get('greedy_core_share'), 2)}) |")
+                    lines.append(f"| {res['label']} | {backend} {quant} | – | – | {_f(greedy['greedy_decode'], 1)} "
+                                 f"({_f(greedy['greedy_with_prefill'], 1)}) | – / {_gb(greedy.get('greedy_rss'))} | – | "
+                                 f"{_f(greedy.get('greedy_with_prefill_cpu'), 1)} "
+                                 f"({_f(greedy.get('greedy_core_share'), 2)}) |")
                 continue  # not measured: no row (the conversion table shows what exists)
             greedy = (f"{_f(r.get('greedy_decode'), 1)} ({_f(r.get('greedy_with_prefill'), 1)})"
                       if "greedy_decode" in r else "–")
@@ -275,35 +275,30 @@ def projection_rows(entries: Sequence[dict], works: Sequence[dict], threads: int
     return lines
 
 
-def calibration_factors(works: Sequence[dict], results_135m: dict, workers: int,
-                        basis: str = "wall") -> dict[str, float]:
-    """Per failure source: the study's measured seconds / the 135M's projected seconds of the same run."""
-    factors = {}
+def _calibration_pairs(works: Sequence[dict], results_135m: dict, workers: int, basis: str):
+    """Per failure source the 135M's study measured: (work, its projected seconds run by `workers` side by side,
+    the seconds the study measured for its scoring and decoding stages)."""
     for w in works:
         r = on_basis(rates(results_135m, "llamacpp", w.get("quant") or "f32"), basis)
         projected = project_seconds(w, r, 1.0) if r else None
         if projected:
             measured = sum(s for stage, (s, _) in w["stages"].items() if stage in SCORE_STAGES + DECODE_STAGES)
-            factors[w["failures"]] = measured / (projected / workers)
-    return factors
+            yield w, projected / workers, measured
+
+
+def calibration_factors(works: Sequence[dict], results_135m: dict, workers: int,
+                        basis: str = "wall") -> dict[str, float]:
+    """Per failure source: the study's measured seconds / the 135M's projected seconds of the same run."""
+    return {w["failures"]: measured / projected
+            for w, projected, measured in _calibration_pairs(works, results_135m, workers, basis)}
 
 
 def calibration(works: Sequence[dict], results_135m: dict, workers: int, basis: str = "wall") -> list[str]:
     """The 135M row checked against the study it came from: its projected seconds (at the measured rates, `workers`
     side by side) vs the seconds the study measured for its scoring and decoding stages."""
-    lines = []
-    for w in works:
-        r = on_basis(rates(results_135m, "llamacpp", w.get("quant") or "f32"), basis)
-        if r is None:
-            continue
-        projected = project_seconds(w, r, 1.0)
-        measured = sum(s for stage, (s, _) in w["stages"].items() if stage in SCORE_STAGES + DECODE_STAGES)
-        if projected:
-            projected /= workers
-            lines.append(f"Check on the 135M, {w['failures']} failures: projected {projected:.0f} s vs measured "
-                         f"{measured:.0f} s for the same run's scoring and decoding stages (measured / projected "
-                         f"{measured / projected:.2f}).")
-    return lines
+    return [f"Check on the 135M, {w['failures']} failures: projected {projected:.0f} s vs measured {measured:.0f} s "
+            f"for the same run's scoring and decoding stages (measured / projected {measured / projected:.2f})."
+            for w, projected, measured in _calibration_pairs(works, results_135m, workers, basis)]
 
 
 def render(all_results: Sequence[dict], works: Sequence[dict], sources: dict[str, int] | None,
