@@ -1,7 +1,7 @@
 """fastscore: teacher-forced log-probabilities of an agent's action under many related chat contexts.
 
     import fastscore
-    with fastscore.load() as s:                     # the embedded default model, llama.cpp
+    with fastscore.load() as s:                     # the embedded default model, llama.cpp f32
         result = s.score(messages, ["candidate A", "candidate B"])
 
 Importing this package imports no backend: heavy libraries load when a model is loaded.

@@ -1,9 +1,9 @@
 """The Python API: `fastscore.load(...)` opens a model once; `score` / `score_many` take plain dicts.
 
     import fastscore
-    s = fastscore.load()                      # the embedded default model on llama.cpp
+    s = fastscore.load()                      # the embedded default model on llama.cpp, exact f32
     result = s.score([{"role": "user", "content": "2+2?"}], ["4", "5"])
-    result.candidates[0].logprob, result.probs
+    result.results[0].logprob, result.probs
     rows = fastscore.to_frame([result])       # pandas, one row per candidate
 
 Messages are OpenAI-style dicts (assistant `tool_calls`, tool results with `tool_call_id`), or Message records;
@@ -117,9 +117,10 @@ def load(
     progress: bool = False,
 ) -> Session:
     """Open `model` (default: the embedded SmolLM2-135M-Instruct; also a local GGUF file, a local HF folder or a hub
-    id) on `backend` at `quant` (default: the shipped quant on llama.cpp, a GGUF file's own type, else full
-    precision). `top_k` > 0 returns that many alternatives per scored token; `backend_options` are the backend's
-    typed options by name (e.g. {"kv_type": "f16", "n_ctx": 8192})."""
+    id) on `backend` at `quant` (default: the backend's full-precision, batch-invariant type: llama.cpp f32, for the
+    embedded model derived once from its shipped Q4_1 file, ONNX fp32; a local GGUF file's own type). `top_k` > 0
+    returns that many alternatives per scored token; `backend_options` are the backend's typed options by name
+    (e.g. {"kv_type": "f16", "n_ctx": 8192})."""
     from fastscore.backends.options import parse_options
     from fastscore.registry import default_model
     from fastscore.resolve import default_quant_of, validate
