@@ -12,7 +12,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>[^`\s]*)")
+# A backtick fence's info string holds no backtick (CommonMark), so "```` ```sh ```` blocks" is prose, not a fence.
+FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}(?=[^`]*$)|~{3,})(?P<info>[^`\s]*)")
 NO_RUN = re.compile(r"^\s*<!--\s*no-run:\s*(?P<reason>.+?)\s*-->\s*$")
 INLINE = re.compile(r"(?<!`)`([^`]+)`(?!`)")
 SEPARATORS = {";", "&&", "||", "|", "&", "(", ")"}

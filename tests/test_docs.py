@@ -236,3 +236,17 @@ def test_the_checker_refuses_what_the_cli_refuses() -> None:
     for line, reason in refused.items():
         with pytest.raises(DocCommandError, match=re.escape(reason)):
             check_shell(line)
+
+
+def test_the_reader_finds_blocks_markers_and_inline_commands(tmp_path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Run `fastscore score a.jsonl --out\n  b.jsonl` or `fastscore.load()`; ```` ```sh ```` is prose.\n\n"
+        "- a list item:\n\n  ```sh\n  fastscore models list \\\n    # a comment\n  ```\n\n"
+        "<!-- no-run: hours of work -->\n\n```python\nimport time\n```\n\n```json\n{\"a\": 1}\n```\n",
+        encoding="utf-8")
+    found = blocks(page)
+    assert [(b.lang, b.no_run) for b in found] == [("sh", None), ("python", "hours of work"), ("json", None)]
+    assert shell_lines(found[0].text) == ["fastscore models list    # a comment"]
+    assert commands(shell_lines(found[0].text)[0]) == [["fastscore", "models", "list"]]
+    assert inline_commands(page) == ["fastscore score a.jsonl --out b.jsonl"]
