@@ -27,7 +27,8 @@ import pytest
 from doc_blocks import Block, blocks, commands, inline_commands, shell_lines
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "examples" / "README.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "examples" / "README.md",
+        ROOT / "bench" / "README.md", ROOT / "models" / "README.md"]
 DOCS = [path for path in DOCS if path.is_file()]
 ALL_BLOCKS = [block for path in DOCS for block in blocks(path)]
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
@@ -54,7 +55,11 @@ def _parse(command: click.Command, ctx: click.Context, args: list[str], groups: 
         parser.allow_interspersed_args = False
     try:
         values, rest, _order = parser.parse_args(list(args))
-    except click.UsageError as exc:  # NoSuchOption, BadOptionUsage (an option without its value), ...
+    except click.BadOptionUsage as exc:
+        if args and exc.option_name == args[-1] and "requires an argument" in exc.message:
+            return _parse(command, ctx, [*args, "VALUE"], groups)  # prose naming an option: `fastscore sweep --ray`
+        raise DocCommandError(f"{ctx.command_path}: {exc.format_message()}") from None
+    except click.UsageError as exc:  # NoSuchOption, an option without its value mid-command, ...
         raise DocCommandError(f"{ctx.command_path}: {exc.format_message()}") from None
     return values, rest
 
@@ -220,6 +225,7 @@ def test_the_checker_refuses_what_the_cli_refuses() -> None:
     """The checks can fail: an option, a subcommand, a choice or a target that does not exist is refused."""
     check_shell("fastscore score requests.jsonl --out s.jsonl --top-k 5 --format parquet  # fine\n")
     check_shell("fastscore models list && fastscore --version; make test-all")
+    check_shell("fastscore sweep --ray")  # prose naming an option that takes a value
     refused = {
         "fastscore score requests.jsonl --out s.jsonl --no-such-option 3": "No such option '--no-such-option'",
         "fastscore score requests.jsonl --out s.jsonl --resume --on-error skip --thread 2": "No such option '--thread'",
@@ -227,6 +233,7 @@ def test_the_checker_refuses_what_the_cli_refuses() -> None:
         "fastscore score requests.jsonl --out s.jsonl --format xml": "--format",
         "fastscore study --limit 20 --threads zero": "--threads",
         "fastscore score a.jsonl b.jsonl --out s.jsonl": "unexpected extra arguments",
+        "fastscore score a.jsonl --top-k --out s.jsonl": "--top-k",
         "fastscore models lisst": "no such command 'lisst'",
         "python -m fastscore.bench.decode_bound --streams 32 --stream 8": "no such option --stream",
         "python -m fastscore.no_such_module --help": "no such module",
