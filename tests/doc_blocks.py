@@ -1,6 +1,6 @@
 """Reading documentation: its fenced code blocks, its inline commands, and the shell commands inside them.
 
-Used by tests/test_docs.py, which runs or checks every block of README.md, docs/*.md and examples/README.md.
+Used by tests/test_docs.py, which runs or checks every block of README.md, docs/*.md and the folders' READMEs.
 A block preceded (on the nearest non-blank line) by `<!-- no-run: REASON -->` is not executed; the test counts it
 and prints the reason.
 """

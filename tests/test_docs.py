@@ -1,5 +1,5 @@
-"""The documentation agrees with the code: every code block of README.md, docs/*.md and examples/README.md is run
-or checked.
+"""The documentation agrees with the code: every code block of README.md, docs/*.md and the README.md of examples/,
+bench/ and models/ is run or checked.
 
 - ```python blocks are executed, each in its own namespace and a temporary working folder (blocks that open the
   embedded model use the session's cached conversion). A block preceded by `<!-- no-run: REASON -->` is skipped
