@@ -1,10 +1,9 @@
 """The Python API (fastscore.load / Session.score / score_many / to_frame) and its request forms: OpenAI-style
-dicts with tool calls, raw-text prompts, per-token ranks and top-k. The README's example is executed as written."""
+dicts with tool calls, raw-text prompts, per-token ranks and top-k. The README's examples run in tests/test_docs.py."""
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,6 @@ from fastscore.errors import RequestError
 from fastscore.records import CandidateSet, Message, ScoreRequest, TokenRequest
 from fastscore.scorer import Scorer
 
-README = Path(__file__).resolve().parent.parent / "README.md"
 CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 MESSAGES = [{"role": "user", "content": "Weather in Paris?"},
             {"role": "assistant", "content": None, "tool_calls": [CALL]},
@@ -133,15 +131,3 @@ def test_to_frame_has_one_row_per_candidate(session):
     assert list(frame["id"]) == ["0", "0", "0", "1"] and list(frame["index"]) == [0, 1, 2, 0]
     assert list(frame["text"]) == ["a", "b", "c", " three"]
     assert frame.groupby("id")["prob"].sum().tolist() == pytest.approx([1.0, 1.0])
-
-
-def test_the_readme_example_runs_as_written(smollm_artefact, capsys):
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("pandas")
-    smollm_artefact("llamacpp", "f32")  # the default type
-    section = README.read_text().split("## Python API", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, str(README), "exec"), {})
-    printed = capsys.readouterr().out
-    print(printed)
-    assert 'get_weather(city="Paris")' in printed and "logprob" in printed
