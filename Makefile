@@ -44,7 +44,7 @@ apt_install = command -v $(2) >/dev/null 2>&1 || { \
     $(3); \
   fi; }
 
-# MBPP programs run inside bubblewrap (README, "MBPP sandbox"): without it make stops with the command to run.
+# MBPP programs run inside bubblewrap (docs/sandbox-design.md): without it make stops with the command to run.
 bubblewrap:
 	@$(call apt_install,bubblewrap,bwrap,echo "bubblewrap is missing; install it with: sudo apt-get install -y bubblewrap" >&2; exit 1)
 

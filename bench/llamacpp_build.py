@@ -1,7 +1,7 @@
 """Which llama.cpp build a benchmark worker loaded: its ggml backends (e.g. BLAS next to CPU) and system info.
 
 A llama.cpp built against a BLAS library takes the large matmuls off its own kernels, so a bench figure means
-nothing without knowing which build produced it (README, "Issue 12 targets"). llama-cpp-python does not bind ggml's
+nothing without knowing which build produced it (docs/performance.md). llama-cpp-python does not bind ggml's
 backend registry; libggml exports it and libllama links libggml, so the symbols resolve through the library that
 llama_cpp already opened.
 """

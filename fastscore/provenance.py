@@ -3,7 +3,7 @@
 It names the fastscore version, the model, backend, quant and weights (with the weights note), the settings that
 decide exactness (backend options such as the KV-cache type, the context size, whether the end-of-turn token is
 scored), a hash of the tokenizer, the library versions, the command and the time. Quantised llama.cpp types give
-scores that depend on how requests are batched (README, "Measured so far"); the metadata says so where it applies.
+scores that depend on how requests are batched (docs/quantisation.md); the metadata says so where it applies.
 """
 
 from __future__ import annotations

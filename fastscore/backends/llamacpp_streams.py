@@ -2,7 +2,7 @@
 
 In a unified cache every step's tokens attend over the cells of all contexts in the cache (masked), so a step over
 32 contexts costs about 32 single-context steps of attention. With one stream per sequence each token attends only
-over its own stream, which is what lets batched steps approach the prefill rate (README, "Greedy decoding").
+over its own stream, which is what lets batched steps approach the prefill rate (docs/performance.md).
 
 A stream cannot share cells with another, so prefixes are shared by copying: each trie node is computed once, in the
 stream of the first context below it, and a whole-stream copy (`llama_memory_seq_cp` across streams, run by

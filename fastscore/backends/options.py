@@ -30,7 +30,7 @@ class LlamaCppOptions:
     # context only (prefixes are computed once and copied between streams); "unified" shares one cache of all
     # contexts, where every step attends over every context's cells (masked) and only flash attention skips them.
     decode_kv: str = "streams"
-    # Exact by default, as scoring: with streams, flash attention buys little (README, "Greedy decoding").
+    # Exact by default, as scoring: with streams, flash attention buys little (docs/performance.md, "Greedy decoding").
     decode_flash_attn: str = "off"
     # decode_kv="streams": the KV memory one decoding context may take; more contexts are decoded in several.
     decode_memory_mb: int = 3072

@@ -19,7 +19,7 @@ from fastscore.study.items import Item, Skipped
 log = logging.getLogger(__name__)
 
 # Attempts per decoder call, at most: batched decoding with one KV stream per context ran 129 tok/s at 8 contexts,
-# 187 at 32 and 214 at 64 (README, "Greedy decoding with one KV stream per context"). A run with a limit asks for at
+# 187 at 32 and 214 at 64 (docs/performance.md, "KV stream per context"). A run with a limit asks for at
 # most twice the items it still lacks, so a small run does not decode sources it will not need.
 ATTEMPTS_PER_CALL = 64
 # Sources examined per wanted item, at most: a model that rarely fails usably (the 135M model's MBPP attempts are

@@ -3,7 +3,7 @@
 Every way a program can go wrong (failing assert, exception, hang, memory exhaustion, hard crash, tampering with the
 report) comes back as a `RunOutcome`; nothing the program does raises out of `run_program`.
 
-Two isolation modes (README, "MBPP sandbox"):
+Two isolation modes (docs/sandbox-design.md):
 - "bwrap" (default): bubblewrap gives the run new user, pid, net, ipc, uts and cgroup namespaces, a read-only view of
   the system's /usr and the Python installation only, a size-capped private tmpfs as /tmp (the only writable place),
   a fresh /proc, no network, and no environment but a minimal one. When the run ends, its pid namespace ends with

@@ -6,7 +6,7 @@ outside the sandbox, by `ast.literal_eval` or a few pure constructors (`set([...
 two plain values are compared here. Any other test form (`kind == "statement"`) runs whole inside the sandbox and
 counts as passed only if it completes and the run then ends with exit status 0 and the per-run token the harness
 read from a pipe before the program started. That channel is weaker: the program shares the harness's interpreter
-and could find the token in memory (see the README's isolation section); no MBPP test needs it.
+and could find the token in memory (see docs/sandbox-design.md); no MBPP test needs it.
 """
 
 from __future__ import annotations
