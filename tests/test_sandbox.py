@@ -6,6 +6,7 @@ test's temp dir), and the pytest process running them is the caller that must su
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -18,6 +19,7 @@ from fastscore.errors import SandboxUnavailableError
 from fastscore.study.envs.mbpp import cgroups
 from fastscore.study.envs.mbpp.isolation import bwrap_problem
 from fastscore.study.envs.mbpp.sandbox import RunOutcome, RunRequest, SandboxLimits, run_many, run_program
+from sandbox_helpers import rlimits_python
 
 FAST = SandboxLimits(timeout_s=2.0)
 TESTS = ("assert add(1, 2) == 3", "assert add(2, 2) == 4")
@@ -28,7 +30,8 @@ needs_cgroup = pytest.mark.skipif(cgroups.layout() is None, reason="no writable 
 
 
 def run(program: str, tests=TESTS, limits: SandboxLimits = FAST, isolation: str = "bwrap", **kw) -> RunOutcome:
-    return run_program(program, tests, limits=limits, isolation=isolation, **kw)
+    with rlimits_python() if isolation == "rlimits" else contextlib.nullcontext():
+        return run_program(program, tests, limits=limits, isolation=isolation, **kw)
 
 
 def raised(outcome: RunOutcome, kind: str = "RuntimeError") -> str:

@@ -22,6 +22,7 @@ MAX_DEPTH = 100  # nesting of a reported value
 MAX_ITEMS = 200_000  # scalars and containers in one reported value
 MAX_RECORD_BYTES = 4 * 1024 * 1024
 MEMORY_EXIT_CODE = 86  # even reporting a MemoryError ran out of memory
+DROP_FAILED_EXIT_CODE = 87  # could not become the unprivileged uid (isolation.DROP_FAILED_EXIT_CODE)
 _BIG_INT_BITS = 10_000  # larger ints travel as hex: JSON's decimal form is capped at 4300 digits
 
 
@@ -50,7 +51,13 @@ def encode(value: object) -> object:
         if isinstance(v, float):
             return float.__float__(v)
         if isinstance(v, str):
-            return str.__str__(v)
+            s = str.__str__(v)
+            if not s.isascii():
+                try:
+                    s.encode("utf-8")
+                except UnicodeEncodeError:  # lone surrogates: JSON's \uXXXX escapes would pair two of them up
+                    return {"surrogates": s.encode("utf-8", "surrogatepass").hex()}
+            return s
         if isinstance(v, complex):
             c = complex.__complex__(v)
             return {"complex": [c.real, c.imag]}
@@ -96,9 +103,21 @@ def _set_limits(memory: int, cpu: int, fsize: int, nproc: int) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
+def _become(uid: int) -> None:
+    """Become `uid` (and gid `uid`, no supplementary groups) for good: the caller is root, the program must not be."""
+    try:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    except OSError:
+        os._exit(DROP_FAILED_EXIT_CODE)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups():
+        os._exit(DROP_FAILED_EXIT_CODE)
+
+
 def main(argv: list[str]) -> None:
     """argv: job.json, records fd, token fd, then RLIMIT_AS bytes, RLIMIT_CPU s, RLIMIT_FSIZE bytes, RLIMIT_NPROC
-    (0: none)."""
+    (0: none), and the uid to become before the program runs (-1: stay)."""
     job_path, records_fd, token_fd = argv[0], int(argv[1]), int(argv[2])
     _set_limits(*(int(v) for v in argv[3:7]))
     sys.set_int_max_str_digits(0)  # a program's own big-int printing is not the harness's business
@@ -109,6 +128,8 @@ def main(argv: list[str]) -> None:
     os.close(token_fd)  # read before any program text runs; the program never sees it in a file, argv or env
     with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
+    if int(argv[7]) >= 0:
+        _become(int(argv[7]))  # after reading the job (the inbox is the caller's), before any program text
     write, dumps = os.write, json.dumps  # bound before the program can replace them
 
     def emit(record: dict) -> None:
