@@ -7,10 +7,14 @@ test's temp dir), and the pytest process running them is the caller that must su
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import re
 import socket
+import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,7 +23,7 @@ from fastscore.errors import SandboxUnavailableError
 from fastscore.study.envs.mbpp import cgroups
 from fastscore.study.envs.mbpp.isolation import bwrap_problem
 from fastscore.study.envs.mbpp.sandbox import RunOutcome, RunRequest, SandboxLimits, run_many, run_program
-from sandbox_helpers import rlimits_python
+from sandbox_helpers import SYSTEM_PYTHON, rlimits_python
 
 FAST = SandboxLimits(timeout_s=2.0)
 TESTS = ("assert add(1, 2) == 3", "assert add(2, 2) == 4")
@@ -272,6 +276,127 @@ def test_process_count_is_bounded():
         "    started += 1\nraise RuntimeError(started)"  # fmt: skip
     started = int(raised(run(program, limits=SandboxLimits(timeout_s=10.0, max_processes=20))))
     assert started < 20
+
+
+# --- escape probes (issue #30): the effect is denied, as root and as a normal user ---
+
+PROBE = (Path(__file__).parent / "sandbox_probe.py").read_text()
+DENIED_IN_BWRAP = ("sysctl_write", "core_pattern_open", "write /", "write /etc", "write /root", "write /usr",
+                   "write /dev", "write /dev/shm", "write /var/tmp", "AF_INET", "AF_INET6", "AF_VSOCK", "AF_NETLINK",
+                   "AF_PACKET", "ptrace_attach", "unshare_newuser", "setns", "clone_newuser", "mount", "keyctl", "bpf",
+                   "perf_event_open")  # fmt: skip
+
+
+def probe_results(outcome: RunOutcome) -> dict:
+    return json.loads(raised(outcome))
+
+
+def assert_escapes_denied(found: dict) -> None:
+    allowed = [name for name in DENIED_IN_BWRAP if found[name] == 0]
+    assert not allowed, f"allowed inside the sandbox: {allowed} ({found})"
+    assert found["cap_eff"] == 0, found
+    # What must keep working: the private /tmp (the cwd), AF_UNIX sockets, threads, fork and exec.
+    assert (found["write cwd"], found["AF_UNIX"], found["fork_exec"]) == (0, 0, 0), found
+
+
+def test_escape_probes_are_denied_in_the_sandbox():
+    swappiness = Path("/proc/sys/vm/swappiness").read_text()
+    found = probe_results(run(PROBE))
+    print("probe as uid", os.geteuid(), found)
+    assert_escapes_denied(found)
+    # As root there is no user namespace (its map would lead to host uid 0): the uid is the host's. A normal user's
+    # sandbox nests two namespaces, whose inner map reads 0 (bwrap's setup namespace, itself that user).
+    assert os.geteuid() != 0 or found["uid_map_outside"] == 65534, found
+    assert Path("/proc/sys/vm/swappiness").read_text() == swappiness
+    assert not any(Path(d, "fastscore-probe").exists() for d in ("/", "/etc", "/root", "/usr", "/dev/shm", "/var/tmp"))
+
+
+def test_escape_probes_are_denied_when_the_caller_is_a_normal_user():
+    """As root, the same probe through run_program called by the user nobody: bwrap then builds a user namespace."""
+    if os.geteuid() != 0:
+        pytest.skip("the suite runs as a normal user: test_escape_probes_are_denied_in_the_sandbox is this test")
+    if SYSTEM_PYTHON is None:
+        pytest.skip("no /usr/bin/python3 that the user nobody can run the sandbox's code with")
+    # The package's __init__ needs numpy, absent from the system python: the sandbox modules alone, as a package.
+    script = "import json, sys, types\nsys.modules['fastscore'] = types.ModuleType('fastscore')\n" \
+        f"sys.modules['fastscore'].__path__ = [{str(Path(__file__).parents[1] / 'fastscore')!r}]\n" \
+        "from fastscore.study.envs.mbpp.sandbox import run_program\n" \
+        "o = run_program(sys.stdin.read(), ['assert 1 == 1'], isolation='bwrap')\nprint(json.dumps(o.message))"  # fmt: skip
+    done = subprocess.run([SYSTEM_PYTHON, "-S", "-c", script], input=PROBE, capture_output=True, text=True, cwd="/",
+                          timeout=60, user=65534, group=65534, extra_groups=[], env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads(json.loads(done.stdout).removeprefix("RuntimeError: "))
+    print("probe as uid 65534", found)
+    assert_escapes_denied(found)
+
+
+@BOTH
+def test_the_program_runs_as_an_unprivileged_host_uid(isolation):
+    """Seen from the host (not through the sandbox's own uid_map, which nests): the program's processes' uids."""
+    marker = "1.04142"
+    program = ADD + f"import subprocess\nsubprocess.run(['sleep', '{marker}'])"
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(run, program, limits=SandboxLimits(timeout_s=10.0), isolation=isolation)
+        deadline = time.monotonic() + 5.0
+        while not (pids := host_processes_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        uids = {line.split()[1] for pid in pids for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith(("Uid:", "Gid:"))}  # fmt: skip
+        assert running.result().passed
+    assert uids == {str(65534 if os.geteuid() == 0 else os.getuid())}, uids
+
+
+def test_rlimits_as_root_runs_as_nobody_and_cannot_write_to_the_system():
+    if os.geteuid() != 0:
+        pytest.skip("as a normal user, --sandbox rlimits runs programs as that user (docs/sandbox.md)")
+    found = probe_results(run("FULL = False\n" + PROBE, isolation="rlimits"))
+    print("rlimits probe as root", found)
+    assert found["uid_map_outside"] == 65534 and found["cap_eff"] == 0
+    assert [found[k] for k in ("sysctl_write", "core_pattern_open", "write /", "write /etc", "write /root")] \
+        == [errno.EACCES] * 5 and found["write /usr"] in (errno.EACCES, errno.EROFS) and found["write cwd"] == 0
+
+
+# --- the caller never breaks (issue #30): every output of the program is a verdict, decoded in bounded time ---
+
+COLLIDING = "P = 2 ** 61 - 1\n"  # k * P hashes to 0 for every k: a dict of such keys is built in quadratic time
+FORGE = "import os, sys\nfd = int(sys.argv[2])\ndef send(data):\n    while data:\n        data = data[os.write(fd, data):]\n"
+
+
+@BOTH
+def test_a_flood_on_every_inherited_descriptor_is_a_crash_verdict(isolation):
+    program = ADD + "import os\nblock = b'{' * (1 << 20)\nfor fd in map(int, os.listdir('/proc/self/fd')):\n" \
+        "    for _ in range(17):\n        try:\n            os.write(fd, block)\n        except OSError:\n" \
+        "            break\n"  # fmt: skip
+    outcome = run(program, isolation=isolation, limits=SandboxLimits(timeout_s=10.0))
+    assert outcome.status == "crash" and "malformed" in outcome.message, outcome
+
+
+@BOTH
+def test_colliding_keys_in_a_forged_record_cost_the_caller_little(isolation):
+    # ~1 MB of dict keys that all share one hash value; decoding them as a dict took ~20 s of the caller's CPU.
+    program = ADD + COLLIDING + FORGE + "pairs = ','.join(f'[{k * P},0]' for k in range(1, 40000))\n" \
+        "send(('{\"test\":0,\"value\":{\"dict\":[' + pairs + ']}}\\n').encode())\nos._exit(0)"  # fmt: skip
+    started = time.process_time()
+    outcome = run(program, TESTS_FAIL, isolation=isolation)
+    spent = time.process_time() - started
+    print(f"{isolation}: the caller spent {spent:.3f} s of CPU on 1 MB of colliding keys")
+    assert outcome.status == "crash" and "collide" in outcome.message, outcome
+    assert spent < 2.0
+
+
+@pytest.mark.parametrize("record", [b'{"test": 0, "value": [1,\n', b"\xff\xfe\x00\x9c garbage \x80\n",
+                                    b'{"test": 0, "value": "\\ud800"}\n', b"[" * 100_000 + b"\n",
+                                    b'{"test": 0, "value": ' + b"7" * 5000 + b"}\n"])  # fmt: skip
+def test_malformed_and_binary_records_are_crash_verdicts(record):
+    program = ADD + FORGE + f"send({record!r})\nimport time\ntime.sleep(1)"
+    outcome = run(program, TESTS_FAIL)
+    assert outcome.status == "crash" and "malformed" in outcome.message, outcome
+
+
+def test_lone_surrogates_keep_their_exact_value():
+    program = "def pair():\n    return '\\ud800\\udc00'\ndef alone():\n    return '\\udfff'"
+    assert run(program, ["assert pair() == '\\ud800\\udc00'", "assert alone() == '\\udfff'"]).passed
+    assert run(program, ["assert pair() == '\\U00010000'"]).status == "failed"  # two lone halves are not one pair
 
 
 # --- limits that held before and must keep holding ---
