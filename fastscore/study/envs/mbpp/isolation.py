@@ -20,17 +20,14 @@ from pathlib import Path
 from typing import Literal
 
 from fastscore.errors import SandboxUnavailableError
+from fastscore.study.envs.mbpp.seccomp import filter_program
 
 log = logging.getLogger(__name__)
 
 Isolation = Literal["bwrap", "rlimits"]
 ISOLATIONS: tuple[Isolation, ...] = ("bwrap", "rlimits")
 INSTALL_HINT = "sudo apt-get install -y bubblewrap"
-NOT_ISOLATED_NOTE = (
-    "MBPP verdicts: --sandbox rlimits, NOT ISOLATED: programs ran without namespaces or a seccomp filter (as the "
-    "user nobody when run as root); they could read world-readable files, use the network and write to "
-    "world-writable folders outside their temp directory"
-)
+NOT_ISOLATED_NOTE = "MBPP verdicts: --sandbox rlimits, NOT ISOLATED"
 NOBODY = 65534
 PYTHON_ENV = "FASTSCORE_SANDBOX_PYTHON"  # the interpreter programs run under, if not the one running fastscore
 DROP_FAILED_EXIT_CODE = 87  # the harness could not become the unprivileged uid: the host, not the program
@@ -48,6 +45,26 @@ _CHILD_ENV = {
 }
 # Top-level system folders the interpreter may need; on merged-/usr systems all but /usr are symlinks into it.
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 without Landlock (harness._confine uses it under --sandbox rlimits)."""
+    import ctypes
+
+    try:
+        return max(0, ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1))  # LANDLOCK_CREATE_RULESET_VERSION
+    except (OSError, AttributeError):
+        return 0
+
+
+def rlimits_note() -> str:
+    """What a study report says of --sandbox rlimits: what its programs could and could not do."""
+    writes = ("refused by Landlock" if landlock_abi() else "NOT refused (this kernel has no Landlock): world-writable "
+              "folders such as /tmp were writable")  # fmt: skip
+    who = "as the user nobody" if drop_to() >= 0 else "as the user running fastscore"
+    return (f"{NOT_ISOLATED_NOTE}: programs ran {who} in the host's namespaces, able to read world-readable files and "
+            f"see host processes; writes outside their temp directory were {writes}; "
+            + ("a seccomp filter refused sockets other than AF_UNIX" if filter_program() else "no seccomp filter"))
 
 
 def child_environment() -> dict[str, str]:

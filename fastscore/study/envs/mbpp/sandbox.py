@@ -44,7 +44,7 @@ from typing import Iterable, Iterator, Literal
 
 from fastscore.errors import SandboxUnavailableError
 from fastscore.study.envs.mbpp import cgroups
-from fastscore.study.envs.mbpp.harness import MAX_RECORD_BYTES, MEMORY_EXIT_CODE
+from fastscore.study.envs.mbpp.harness import CONFINE_FAILED_EXIT_CODE, MAX_RECORD_BYTES, MEMORY_EXIT_CODE
 from fastscore.study.envs.mbpp.isolation import (
     DROP_FAILED_EXIT_CODE, ISOLATIONS, Isolation, bwrap_command, child_environment, drop_to, harness_python,
     require_isolation,
@@ -208,6 +208,7 @@ def _command(isolation: Isolation, inbox: Path, records_fd: int, token_fd: int, 
     harness_args = [
         str(records_fd), str(token_fd), str(limits.memory_mb * 1024 * 1024), str(limits.cpu_seconds),
         str(limits.file_mb * 1024 * 1024), str(nproc), str(drop_to()),
+        str(seccomp_fd if isolation == "rlimits" and seccomp_fd is not None else -1),
     ]  # fmt: skip
     python = [harness_python(), "-S", "-s", "-P", "-B"]
     if isolation == "bwrap":
@@ -260,8 +261,10 @@ def _run(inbox: Path, plans: tuple[TestPlan, ...], token: str, limits: SandboxLi
          group: cgroups.RunGroup | None) -> RunOutcome:  # fmt: skip
     records_r, records_w = os.pipe()
     token_r = _pipe_holding(token.encode("ascii"))
-    seccomp = filter_program() if isolation == "bwrap" else None
-    seccomp_r = _pipe_holding(seccomp) if seccomp is not None else None
+    seccomp = filter_program()
+    # Under bwrap, bwrap installs the filter; without it the harness does, with Landlock (harness._confine), and
+    # then needs the pipe even when this architecture has no filter.
+    seccomp_r = _pipe_holding(seccomp or b"") if seccomp is not None or isolation == "rlimits" else None
     passed = (records_w, token_r) if seccomp_r is None else (records_w, token_r, seccomp_r)
     command = _command(isolation, inbox, records_w, token_r, limits, group is not None, seccomp_r)
     if group is not None:
@@ -298,7 +301,7 @@ def _run(inbox: Path, plans: tuple[TestPlan, ...], token: str, limits: SandboxLi
         _kill(process, group, isolation)  # descendants the program left behind
         stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - _STDERR_TAIL))
         stderr_tail = stderr.read().decode("utf-8", errors="replace")
-    host_failed = (cgroups.JOIN_FAILED_EXIT_CODE, DROP_FAILED_EXIT_CODE)
+    host_failed = (cgroups.JOIN_FAILED_EXIT_CODE, DROP_FAILED_EXIT_CODE, CONFINE_FAILED_EXIT_CODE)
     if not judge.started and (returncode in host_failed or stderr_tail.startswith("bwrap:")):
         # Before the harness's first record no program text has run: this is the host, not the program.
         raise SandboxUnavailableError(f"the sandbox did not start (exit {returncode}): {stderr_tail.strip()[-500:]}")
