@@ -553,3 +553,45 @@ def test_which_tests_are_judged_by_value():
     assert plan_test("assert f(1) == open('x').read()").kind == "statement"
     assert plan_test("assert f(1)").kind == "statement"
     assert plan_test("x = 1\nassert f(x) == 1").kind == "statement"
+
+
+def run_filter(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
+    """A classic-BPF interpreter for the few opcodes seccomp.py emits: the filter's verdict on one syscall."""
+    import struct
+
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    code = [struct.unpack_from("=HBBI", program, at) for at in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        op, jt, jf, k = code[pc]
+        if op == 0x20:
+            acc = struct.unpack_from("=I", data, k)[0]
+        elif op == 0x06:
+            return k
+        else:
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op]
+            pc += jt if taken else jf
+        pc += 1
+
+
+@pytest.mark.parametrize("machine, arch, nrs", [
+    ("x86_64", 0xC000003E, dict(read=0, socket=41, clone=56, clone3=435, ptrace=101, bpf=321)),
+    ("aarch64", 0xC00000B7, dict(read=63, socket=198, clone=220, clone3=435, ptrace=117, bpf=280)),
+])  # fmt: skip
+def test_the_seccomp_filter_of_each_architecture(machine, arch, nrs):
+    """The probes run the native filter; this reads both filters' verdicts, aarch64's included, instruction by
+    instruction."""
+    from fastscore.study.envs.mbpp.seccomp import filter_program
+
+    program = filter_program(machine)
+    allow, eperm, enosys = 0x7FFF0000, 0x00050001, 0x00050026
+    assert run_filter(program, nrs["read"], arch) == allow
+    assert run_filter(program, nrs["socket"], arch, socket.AF_UNIX) == allow
+    assert run_filter(program, nrs["socket"], arch, socket.AF_INET) == eperm
+    assert run_filter(program, nrs["clone"], arch, 0x01200011) == allow  # what fork() passes
+    assert run_filter(program, nrs["clone"], arch, 0x10000000 | 17) == eperm  # CLONE_NEWUSER
+    assert run_filter(program, nrs["clone3"], arch) == enosys
+    assert run_filter(program, nrs["ptrace"], arch) == eperm and run_filter(program, nrs["bpf"], arch) == eperm
+    assert run_filter(program, nrs["read"], 0x40000003) == eperm  # another architecture's (i386) calls
+    assert machine != "x86_64" or run_filter(program, 0x40000000 | nrs["socket"], arch, socket.AF_UNIX) == eperm  # x32
+    assert filter_program("sparc64") is None
