@@ -137,20 +137,25 @@ def bwrap_command(inbox: Path, tmp_mb: int, argv: list[str], seccomp_fd: int | N
     return [*command, "--", *argv]
 
 
+def _why_it_fails(command: list[str], what: str, **popen) -> str | None:
+    """None if `command` runs and exits 0, else why not in one clause starting with `what`."""
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=30, env=child_environment(), **popen)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{what}: {exc}"
+    if done.returncode != 0:
+        detail = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+        return f"{what} ({detail[-1] if detail else f'exit {done.returncode}'})"
+    return None
+
+
 @lru_cache(maxsize=1)
 def bwrap_problem() -> str | None:
     """Why bubblewrap cannot run sandboxes here, or None if it can (checked once per process)."""
     if shutil.which("bwrap") is None:
         return "bubblewrap (bwrap) is not installed"
     probe = bwrap_command(Path("/"), 1, [harness_python(), "-S", "-c", "pass"])
-    try:
-        done = subprocess.run(probe, capture_output=True, timeout=30, env=child_environment())
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bwrap could not be started: {exc}"
-    if done.returncode != 0:
-        detail = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
-        return f"bwrap cannot create its sandbox here ({detail[-1] if detail else f'exit {done.returncode}'})"
-    return None
+    return _why_it_fails(probe, "bwrap cannot create its sandbox here")
 
 
 def rlimits_problem() -> str | None:
@@ -161,15 +166,8 @@ def rlimits_problem() -> str | None:
 
 @lru_cache(maxsize=4)
 def _nobody_cannot_run(python: str) -> str | None:
-    try:
-        done = subprocess.run([python, "-S", "-c", "import json, collections"], capture_output=True, timeout=30,
-                              env=child_environment(), cwd="/", user=NOBODY, group=NOBODY, extra_groups=[])  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"the user nobody cannot start {python}: {exc}"
-    if done.returncode != 0:
-        detail = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
-        return f"the user nobody cannot run {python} ({detail[-1] if detail else f'exit {done.returncode}'})"
-    return None
+    return _why_it_fails([python, "-S", "-c", "import json, collections"], f"the user nobody cannot run {python}",
+                         cwd="/", user=NOBODY, group=NOBODY, extra_groups=[])  # fmt: skip
 
 
 def require_isolation(isolation: str) -> None:

@@ -301,10 +301,15 @@ def _run(inbox: Path, plans: tuple[TestPlan, ...], token: str, limits: SandboxLi
         _kill(process, group, isolation)  # descendants the program left behind
         stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - _STDERR_TAIL))
         stderr_tail = stderr.read().decode("utf-8", errors="replace")
-    host_failed = (cgroups.JOIN_FAILED_EXIT_CODE, DROP_FAILED_EXIT_CODE, CONFINE_FAILED_EXIT_CODE)
+    host_failed = {
+        cgroups.JOIN_FAILED_EXIT_CODE: "the run's cgroup could not be joined",
+        DROP_FAILED_EXIT_CODE: f"the harness could not become the unprivileged uid {drop_to()}",
+        CONFINE_FAILED_EXIT_CODE: "the kernel refused the seccomp filter or the Landlock rules",
+    }  # fmt: skip
     if not judge.started and (returncode in host_failed or stderr_tail.startswith("bwrap:")):
         # Before the harness's first record no program text has run: this is the host, not the program.
-        raise SandboxUnavailableError(f"the sandbox did not start (exit {returncode}): {stderr_tail.strip()[-500:]}")
+        why = host_failed.get(returncode, stderr_tail.strip()[-500:])
+        raise SandboxUnavailableError(f"the sandbox did not start (exit {returncode}): {why}")
     if decision is not None:
         return _outcome(decision, returncode, limits, seconds)
     if timed_out:
