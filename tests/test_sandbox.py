@@ -1,7 +1,8 @@
 """The sandbox enforces its limits, isolates the program, and judges tests from values a program cannot forge.
 
-Every probe of issue #9's table is here, bounded (short timeouts, a few processes, nothing written outside the
-test's temp dir), and the pytest process running them is the caller that must survive each one.
+Every probe of issue #9's and issue #30's tables is here (docs/sandbox.md lists them), bounded (short timeouts, a
+few processes, nothing written outside the test's temp dir), and the pytest process running them is the caller that
+must survive each one.
 """
 
 from __future__ import annotations
@@ -303,7 +304,8 @@ def assert_escapes_denied(found: dict, isolation: str) -> None:
 
 
 def assert_nothing_written_outside() -> None:
-    written = [path for d in ("/", "/etc", "/root", "/usr", *WORLD_WRITABLE) if (path := Path(d, "fastscore-probe")).exists()]
+    folders = ("/", "/etc", "/root", "/usr", *WORLD_WRITABLE)
+    written = [path for d in folders if (path := Path(d, "fastscore-probe")).exists()]
     for path in written:
         if str(path.parent) in WORLD_WRITABLE:
             path.unlink()  # rlimits without Landlock: the documented gap, cleaned up
@@ -335,8 +337,9 @@ def test_escape_probes_are_denied_when_the_caller_is_a_normal_user(isolation):
         f"sys.modules['fastscore'].__path__ = [{str(Path(__file__).parents[1] / 'fastscore')!r}]\n" \
         "from fastscore.study.envs.mbpp.sandbox import run_program\n" \
         f"o = run_program(sys.stdin.read(), ['assert 1 == 1'], isolation={isolation!r})\nprint(json.dumps(o.message))"
-    done = subprocess.run([SYSTEM_PYTHON, "-S", "-c", script], input=PROBE, capture_output=True, text=True, cwd="/",
-                          timeout=60, user=65534, group=65534, extra_groups=[], env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    as_nobody = dict(user=65534, group=65534, extra_groups=[], env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    done = subprocess.run([SYSTEM_PYTHON, "-S", "-c", script], input=PROBE, capture_output=True, text=True,
+                          timeout=60, **as_nobody)  # fmt: skip
     assert done.returncode == 0, done.stderr
     found = json.loads(json.loads(done.stdout).removeprefix("RuntimeError: "))
     print(f"{isolation} probe, the caller uid 65534: {found}")
@@ -363,7 +366,8 @@ def test_the_program_runs_as_an_unprivileged_host_uid(isolation):
 # --- the caller never breaks (issue #30): every output of the program is a verdict, decoded in bounded time ---
 
 COLLIDING = "P = 2 ** 61 - 1\n"  # k * P hashes to 0 for every k: a dict of such keys is built in quadratic time
-FORGE = "import os, sys\nfd = int(sys.argv[2])\ndef send(data):\n    while data:\n        data = data[os.write(fd, data):]\n"
+FORGE = "import os, sys\nfd = int(sys.argv[2])\n" \
+    "def send(data):\n    while data:\n        data = data[os.write(fd, data):]\n"  # the records pipe, by hand
 
 
 @BOTH
