@@ -13,7 +13,8 @@ Two isolation modes (docs/sandbox.md):
 - "rlimits": a plain subprocess in its own session with rlimits and a temp cwd, as the user nobody when fastscore
   is root. No isolation: for hosts without bubblewrap, and every study report then says so.
 In both modes a cgroup bounds the memory and the number of processes of the whole run where the host lets us create
-one (cgroups.py); elsewhere RLIMIT_AS per process and, under bwrap, RLIMIT_NPROC inside the user namespace.
+one (cgroups.py); elsewhere RLIMIT_AS per process and, under bwrap, RLIMIT_NPROC (per user namespace; when fastscore
+is root there is none, and it counts every process of the user nobody on the host).
 
 The verdict: see verdict.py (values, not self-reported results) and harness.py (what runs inside). Whatever the
 program writes, `run_program` returns a RunOutcome: a flood, a malformed or oversized record is a "crash".
@@ -202,8 +203,8 @@ def _judge_run(reader: _Reader, judge: Judge) -> Decision | None:
 def _command(isolation: Isolation, inbox: Path, records_fd: int, token_fd: int, limits: SandboxLimits,
              bounded: bool, seccomp_fd: int | None) -> list[str]:  # fmt: skip
     """The command line of the run (its cwd is `inbox`/work; under bwrap the program's cwd is its private /tmp)."""
-    # Without a cgroup, RLIMIT_NPROC bounds forks under bwrap (it counts per user namespace there); outside a
-    # namespace it would count every process of the caller's user, so the rlimits mode goes without.
+    # Without a cgroup, RLIMIT_NPROC bounds forks under bwrap (it counts per user namespace there, or, as root, the
+    # host's processes of nobody); in the rlimits mode it would count every process of the caller's user: none.
     nproc = 0 if bounded or isolation == "rlimits" else limits.max_processes
     harness_args = [
         str(records_fd), str(token_fd), str(limits.memory_mb * 1024 * 1024), str(limits.cpu_seconds),
