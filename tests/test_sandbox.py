@@ -357,10 +357,11 @@ def test_the_program_runs_as_an_unprivileged_host_uid(isolation):
         deadline = time.monotonic() + 5.0
         while not (pids := host_processes_with(marker)) and time.monotonic() < deadline:
             time.sleep(0.02)
-        uids = {line.split()[1] for pid in pids for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                if line.startswith(("Uid:", "Gid:"))}  # fmt: skip
+        ids = {(line[:3], value) for pid in pids for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+               if line.startswith(("Uid:", "Gid:")) for value in line.split()[1:]}  # real, effective, saved, fs
         assert running.result().passed
-    assert uids == {str(65534 if os.geteuid() == 0 else os.getuid())}, uids
+    expected = (65534, 65534) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    assert ids == {("Uid", str(expected[0])), ("Gid", str(expected[1]))}, ids
 
 
 # --- the caller never breaks (issue #30): every output of the program is a verdict, decoded in bounded time ---
