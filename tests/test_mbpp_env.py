@@ -26,6 +26,7 @@ from fastscore.study.envs.mbpp.env import (
 )
 from fastscore.study.envs.mbpp.mutations import KINDS, all_mutants
 from fastscore.study.envs.mbpp.sandbox import use_isolation
+from sandbox_helpers import rlimits_python
 
 FENCED = re.compile(r"\A```python\n(?:[^\n]*[^\s\n][^\n]*\n|\n)*```\Z")
 
@@ -245,7 +246,7 @@ def test_a_model_answer_that_games_the_tests_is_not_a_success(synthetic):
 
 def test_items_are_the_same_under_either_isolation(synthetic):
     data_dir, items, skipped = synthetic
-    with use_isolation("rlimits"):
+    with rlimits_python(), use_isolation("rlimits"):
         again, skipped_again = build_items(data_dir, limit=10, seed=3)
     assert [i.to_json() for i in again] == [i.to_json() for i in items]
     assert skipped_again == skipped

@@ -277,10 +277,10 @@ def test_store_refuses_resume_with_other_settings_and_fresh_runs_clear_results(t
 
 
 def test_a_study_without_isolation_says_so_in_its_report(baseline, data_dir, tmp_path):
+    from fastscore.study.envs.mbpp.isolation import NOT_ISOLATED_NOTE as note
     from fastscore.study.report import write_report
     from fastscore.study.report import report_meta
 
-    note = "MBPP verdicts: rlimits only, not isolated"
     assert note not in (baseline / "report.md").read_text()  # the default sandbox is bubblewrap
     for config, said in ((_config(tmp_path, data_dir, sandbox="rlimits"), True), (_config(tmp_path, data_dir), False),
                          (_config(tmp_path, data_dir, sandbox="rlimits", envs=("tools",)), False)):  # fmt: skip

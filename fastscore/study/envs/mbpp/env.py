@@ -31,7 +31,7 @@ from fastscore.study.envs.base import Outcome, Records, StudyEnv
 from fastscore.study.items import Item, Skipped
 from fastscore.study.envs.mbpp.describe import WORDING, describe_failure
 from fastscore.study.envs.mbpp.mutations import Mutant, seeded_mutants
-from fastscore.study.envs.mbpp.isolation import NOT_ISOLATED_NOTE
+from fastscore.study.envs.mbpp.isolation import rlimits_note
 from fastscore.study.envs.mbpp.sandbox import RunOutcome, SandboxLimits, run_program, use_isolation
 
 log = logging.getLogger(__name__)
@@ -303,7 +303,7 @@ class MbppEnv(StudyEnv):
 
     @classmethod
     def isolation_note(cls, mode: str) -> str | None:
-        return NOT_ISOLATED_NOTE if mode == "rlimits" else None
+        return rlimits_note() if mode == "rlimits" else None
 
     def load_sources(self) -> list[MbppSource]:
         return load_sources(self.data_dir)

@@ -22,6 +22,8 @@ MAX_DEPTH = 100  # nesting of a reported value
 MAX_ITEMS = 200_000  # scalars and containers in one reported value
 MAX_RECORD_BYTES = 4 * 1024 * 1024
 MEMORY_EXIT_CODE = 86  # even reporting a MemoryError ran out of memory
+DROP_FAILED_EXIT_CODE = 87  # could not become the unprivileged uid (isolation.DROP_FAILED_EXIT_CODE)
+CONFINE_FAILED_EXIT_CODE = 88  # the seccomp filter or Landlock ruleset was refused
 _BIG_INT_BITS = 10_000  # larger ints travel as hex: JSON's decimal form is capped at 4300 digits
 
 
@@ -50,7 +52,13 @@ def encode(value: object) -> object:
         if isinstance(v, float):
             return float.__float__(v)
         if isinstance(v, str):
-            return str.__str__(v)
+            s = str.__str__(v)
+            if not s.isascii():
+                try:
+                    s.encode("utf-8")
+                except UnicodeEncodeError:  # lone surrogates: JSON's \uXXXX escapes would pair two of them up
+                    return {"surrogates": s.encode("utf-8", "surrogatepass").hex()}
+            return s
         if isinstance(v, complex):
             c = complex.__complex__(v)
             return {"complex": [c.real, c.imag]}
@@ -96,9 +104,69 @@ def _set_limits(memory: int, cpu: int, fsize: int, nproc: int) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
+def _become(uid: int) -> None:
+    """Become `uid` (and gid `uid`, no supplementary groups) for good: the caller is root, the program must not be."""
+    try:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    except OSError:
+        os._exit(DROP_FAILED_EXIT_CODE)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups():
+        os._exit(DROP_FAILED_EXIT_CODE)
+
+
+# Landlock (linux/landlock.h): the same syscall numbers on every architecture since 5.13.
+_LANDLOCK_CREATE_RULESET, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT_SELF = 444, 445, 446
+_FS_WRITE_ABI1 = sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12))  # write_file, remove_*, make_*
+_FS_REFER, _FS_TRUNCATE, _NET_TCP, _SCOPE_ALL = 1 << 13, 1 << 14, 0b11, 0b11
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+
+
+def _confine(filter_fd: int) -> str:
+    """Without bubblewrap (--sandbox rlimits): install the seccomp filter the caller sent on `filter_fd`, and, where
+    the kernel has Landlock, allow file writes only beneath the cwd (and to /dev/null), no TCP, and no signals or
+    abstract sockets beyond this run's processes. Returns what Landlock could enforce ("" if nothing)."""
+    import ctypes
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    program = b""
+    while chunk := os.read(filter_fd, 65536):
+        program += chunk
+    os.close(filter_fd)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "no_new_privs")
+    enforced = ""
+    abi = libc.syscall(_LANDLOCK_CREATE_RULESET, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
+    if abi >= 1:
+        fs = _FS_WRITE_ABI1 | (_FS_REFER if abi >= 2 else 0) | (_FS_TRUNCATE if abi >= 3 else 0)
+        attr = (ctypes.c_uint64 * 3)(fs, _NET_TCP if abi >= 4 else 0, _SCOPE_ALL if abi >= 6 else 0)
+        ruleset = libc.syscall(_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), 8 * (1 + (abi >= 4) + (abi >= 6)), 0)
+        if ruleset < 0:
+            raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+        for path, rights in ((".", fs), ("/dev/null", (1 << 1) | (_FS_TRUNCATE if abi >= 3 else 0))):
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            beneath = struct.pack("=Qi", rights, fd)  # struct landlock_path_beneath_attr is packed
+            if libc.syscall(_LANDLOCK_ADD_RULE, ruleset, 1, beneath, 0) != 0:
+                raise OSError(ctypes.get_errno(), "landlock_add_rule")
+            os.close(fd)
+        if libc.syscall(_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+        os.close(ruleset)
+        enforced = f"landlock abi {abi}"
+    if program:
+        code = ctypes.create_string_buffer(program, len(program))
+        fprog = struct.pack("HP", len(program) // 8, ctypes.addressof(code))  # struct sock_fprog, native layout
+        if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, fprog, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "seccomp")
+    return enforced
+
+
 def main(argv: list[str]) -> None:
     """argv: job.json, records fd, token fd, then RLIMIT_AS bytes, RLIMIT_CPU s, RLIMIT_FSIZE bytes, RLIMIT_NPROC
-    (0: none)."""
+    (0: none), the uid to become before the program runs (-1: stay), and the fd of the seccomp filter the harness
+    installs itself, with Landlock, when no bubblewrap does (-1: bwrap did)."""
     job_path, records_fd, token_fd = argv[0], int(argv[1]), int(argv[2])
     _set_limits(*(int(v) for v in argv[3:7]))
     sys.set_int_max_str_digits(0)  # a program's own big-int printing is not the harness's business
@@ -109,6 +177,13 @@ def main(argv: list[str]) -> None:
     os.close(token_fd)  # read before any program text runs; the program never sees it in a file, argv or env
     with open(job_path, encoding="utf-8") as f:
         job = json.load(f)
+    if int(argv[7]) >= 0:
+        _become(int(argv[7]))  # after reading the job (the inbox is the caller's), before any program text
+    if int(argv[8]) >= 0:
+        try:
+            _confine(int(argv[8]))
+        except OSError:
+            os._exit(CONFINE_FAILED_EXIT_CODE)
     write, dumps = os.write, json.dumps  # bound before the program can replace them
 
     def emit(record: dict) -> None:

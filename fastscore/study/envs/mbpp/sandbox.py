@@ -3,17 +3,21 @@
 Every way a program can go wrong (failing assert, exception, hang, memory exhaustion, hard crash, tampering with the
 report) comes back as a `RunOutcome`; nothing the program does raises out of `run_program`.
 
-Two isolation modes (docs/sandbox-design.md):
-- "bwrap" (default): bubblewrap gives the run new user, pid, net, ipc, uts and cgroup namespaces, a read-only view of
-  the system's /usr and the Python installation only, a size-capped private tmpfs as /tmp (the only writable place),
-  a fresh /proc, no network, and no environment but a minimal one. When the run ends, its pid namespace ends with
-  it: no descendant survives, however it detached.
-- "rlimits": a plain subprocess in its own session with rlimits and a temp cwd. No isolation: for hosts without
-  bubblewrap, and every study report then says so.
+Two isolation modes (docs/sandbox.md):
+- "bwrap" (default): bubblewrap gives the run new pid, net, ipc, uts and cgroup namespaces (and a user namespace
+  unless fastscore is root), a read-only root holding a read-only view of the system's /usr and the Python
+  installation only, a size-capped private tmpfs as /tmp (the only writable place), a fresh /proc with /proc/sys
+  read-only, no network, a seccomp filter (seccomp.py), and no environment but a minimal one; the program is an
+  unprivileged host uid (isolation.py). When the run ends, its pid namespace ends with it: no descendant survives,
+  however it detached.
+- "rlimits": a plain subprocess in its own session with rlimits and a temp cwd, as the user nobody when fastscore
+  is root. No isolation: for hosts without bubblewrap, and every study report then says so.
 In both modes a cgroup bounds the memory and the number of processes of the whole run where the host lets us create
-one (cgroups.py); elsewhere RLIMIT_AS per process and, under bwrap, RLIMIT_NPROC inside the user namespace.
+one (cgroups.py); elsewhere RLIMIT_AS per process and, under bwrap, RLIMIT_NPROC (per user namespace; when fastscore
+is root there is none, and it counts every process of the user nobody on the host).
 
-The verdict: see verdict.py (values, not self-reported results) and harness.py (what runs inside).
+The verdict: see verdict.py (values, not self-reported results) and harness.py (what runs inside). Whatever the
+program writes, `run_program` returns a RunOutcome: a flood, a malformed or oversized record is a "crash".
 
 Why the limits are set by the harness and not in `preexec_fn`: `run_many` starts processes from a thread pool, and
 `preexec_fn` is unsafe in the presence of threads. The harness sets them as its first statements, hard == soft.
@@ -41,10 +45,12 @@ from typing import Iterable, Iterator, Literal
 
 from fastscore.errors import SandboxUnavailableError
 from fastscore.study.envs.mbpp import cgroups
-from fastscore.study.envs.mbpp.harness import MEMORY_EXIT_CODE
+from fastscore.study.envs.mbpp.harness import CONFINE_FAILED_EXIT_CODE, MAX_RECORD_BYTES, MEMORY_EXIT_CODE
 from fastscore.study.envs.mbpp.isolation import (
-    ISOLATIONS, Isolation, bwrap_command, child_environment, harness_python, require_isolation,
+    DROP_FAILED_EXIT_CODE, ISOLATIONS, Isolation, bwrap_command, child_environment, drop_to, harness_python,
+    require_isolation,
 )  # fmt: skip
+from fastscore.study.envs.mbpp.seccomp import filter_program
 from fastscore.study.envs.mbpp.verdict import Decision, Judge, MalformedRecord, TestPlan, plan_test, read_record
 
 log = logging.getLogger(__name__)
@@ -158,11 +164,14 @@ class _Reader:
         self.received = 0
 
     def lines(self) -> Iterator[bytes]:
-        """Yields lines until EOF; raises TimeoutError at the deadline, MalformedRecord past the budget."""
+        """Yields lines until EOF; raises TimeoutError at the deadline, MalformedRecord past the budget or when a
+        line grows longer than any record the harness writes."""
         while True:
             while b"\n" in self.buffer:
                 line, self.buffer = self.buffer.split(b"\n", 1)
                 yield line
+            if len(self.buffer) > MAX_RECORD_BYTES:
+                raise MalformedRecord(f"a record longer than the harness writes ({MAX_RECORD_BYTES} bytes)")
             remaining = self.deadline - time.monotonic()
             if remaining <= 0 or not self.selector.select(remaining):
                 raise TimeoutError
@@ -181,30 +190,31 @@ class _Reader:
 
 def _judge_run(reader: _Reader, judge: Judge) -> Decision | None:
     """The decision the records settle, or None if the channel closed first. TimeoutError at the deadline."""
-    for line in reader.lines():
-        try:
+    try:
+        for line in reader.lines():
             decision = judge.feed(read_record(line))
-        except MalformedRecord as exc:
-            decision = Decision("crash", f"Crash: the test run's report was malformed ({exc})")
-        if decision is not None:
-            return decision
+            if decision is not None:
+                return decision
+    except MalformedRecord as exc:
+        return Decision("crash", f"Crash: the test run's report was malformed ({exc})")
     return None
 
 
 def _command(isolation: Isolation, inbox: Path, records_fd: int, token_fd: int, limits: SandboxLimits,
-             bounded: bool) -> list[str]:  # fmt: skip
-    """The command line of the run (its cwd is `inbox`; under bwrap the program's cwd is its private /tmp)."""
-    # Without a cgroup, RLIMIT_NPROC bounds forks under bwrap (it counts per user namespace there); outside a
-    # namespace it would count every process of the caller's user, so the rlimits mode goes without.
+             bounded: bool, seccomp_fd: int | None) -> list[str]:  # fmt: skip
+    """The command line of the run (its cwd is `inbox`/work; under bwrap the program's cwd is its private /tmp)."""
+    # Without a cgroup, RLIMIT_NPROC bounds forks under bwrap (it counts per user namespace there, or, as root, the
+    # host's processes of nobody); in the rlimits mode it would count every process of the caller's user: none.
     nproc = 0 if bounded or isolation == "rlimits" else limits.max_processes
     harness_args = [
         str(records_fd), str(token_fd), str(limits.memory_mb * 1024 * 1024), str(limits.cpu_seconds),
-        str(limits.file_mb * 1024 * 1024), str(nproc),
+        str(limits.file_mb * 1024 * 1024), str(nproc), str(drop_to()),
+        str(seccomp_fd if isolation == "rlimits" and seccomp_fd is not None else -1),
     ]  # fmt: skip
     python = [harness_python(), "-S", "-s", "-P", "-B"]
     if isolation == "bwrap":
         inside = ["/sandbox/harness.py", "/sandbox/job.json", *harness_args]
-        return bwrap_command(inbox, limits.tmp_mb, [*python, *inside])
+        return bwrap_command(inbox, limits.tmp_mb, [*python, *inside], seccomp_fd)
     return [*python, str(inbox / "harness.py"), str(inbox / "job.json"), *harness_args]
 
 
@@ -236,6 +246,9 @@ def run_program(
     try:
         with tempfile.TemporaryDirectory(prefix="fastscore-sandbox-", ignore_cleanup_errors=True) as tmp:
             inbox = Path(tmp)
+            (inbox / "work").mkdir()  # the cwd of an rlimits run, and the one place it can write to for sure
+            if drop_to() >= 0:
+                os.chown(inbox / "work", drop_to(), drop_to())
             (inbox / "harness.py").write_bytes(_HARNESS.read_bytes())
             job = {"program": program, "setup": setup_code, "tests": [p.job() for p in plans]}
             (inbox / "job.json").write_text(json.dumps(job), encoding="utf-8")
@@ -248,10 +261,13 @@ def run_program(
 def _run(inbox: Path, plans: tuple[TestPlan, ...], token: str, limits: SandboxLimits, isolation: Isolation,
          group: cgroups.RunGroup | None) -> RunOutcome:  # fmt: skip
     records_r, records_w = os.pipe()
-    token_r, token_w = os.pipe()
-    os.write(token_w, token.encode("ascii"))
-    os.close(token_w)
-    command = _command(isolation, inbox, records_w, token_r, limits, group is not None)
+    token_r = _pipe_holding(token.encode("ascii"))
+    seccomp = filter_program()
+    # Under bwrap, bwrap installs the filter; without it the harness does, with Landlock (harness._confine), and
+    # then needs the pipe even when this architecture has no filter.
+    seccomp_r = _pipe_holding(seccomp or b"") if seccomp is not None or isolation == "rlimits" else None
+    passed = (records_w, token_r) if seccomp_r is None else (records_w, token_r, seccomp_r)
+    command = _command(isolation, inbox, records_w, token_r, limits, group is not None, seccomp_r)
     if group is not None:
         command = ["/bin/sh", "-c", cgroups.JOIN_AND_EXEC, "sh", str(len(group.procs_files)), *group.procs_files,
                    *command]  # fmt: skip
@@ -259,12 +275,12 @@ def _run(inbox: Path, plans: tuple[TestPlan, ...], token: str, limits: SandboxLi
         started = time.monotonic()
         try:
             process = subprocess.Popen(
-                command, cwd=inbox, env=child_environment(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=stderr, start_new_session=True, close_fds=True, pass_fds=(records_w, token_r),
+                command, cwd=inbox / "work", env=child_environment(), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True, close_fds=True, pass_fds=passed,
             )  # fmt: skip
         finally:
-            os.close(records_w)
-            os.close(token_r)
+            for fd in passed:
+                os.close(fd)
         reader = _Reader(records_r, started + limits.timeout_s)
         judge = Judge(plans, token)
         try:
@@ -286,15 +302,31 @@ def _run(inbox: Path, plans: tuple[TestPlan, ...], token: str, limits: SandboxLi
         _kill(process, group, isolation)  # descendants the program left behind
         stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - _STDERR_TAIL))
         stderr_tail = stderr.read().decode("utf-8", errors="replace")
-    if not judge.started and (returncode == cgroups.JOIN_FAILED_EXIT_CODE or stderr_tail.startswith("bwrap:")):
+    host_failed = {
+        cgroups.JOIN_FAILED_EXIT_CODE: "the run's cgroup could not be joined",
+        DROP_FAILED_EXIT_CODE: f"the harness could not become the unprivileged uid {drop_to()}",
+        CONFINE_FAILED_EXIT_CODE: "the kernel refused the seccomp filter or the Landlock rules",
+    }  # fmt: skip
+    if not judge.started and (returncode in host_failed or stderr_tail.startswith("bwrap:")):
         # Before the harness's first record no program text has run: this is the host, not the program.
-        raise SandboxUnavailableError(f"the sandbox did not start (exit {returncode}): {stderr_tail.strip()[-500:]}")
+        why = host_failed.get(returncode, stderr_tail.strip()[-500:])
+        raise SandboxUnavailableError(f"the sandbox did not start (exit {returncode}): {why}")
     if decision is not None:
         return _outcome(decision, returncode, limits, seconds)
     if timed_out:
         return RunOutcome(False, "timeout", f"Timeout: the tests did not finish within {limits.timeout_s:g} s", seconds)
     oom = group is not None and group.oom_killed()
     return _outcome_without_verdict(returncode, isolation, stderr_tail, oom, limits, seconds)
+
+
+def _pipe_holding(data: bytes) -> int:
+    """The read end of a pipe that holds `data` and then EOF (`data` fits in the pipe's buffer)."""
+    read, write = os.pipe()
+    try:
+        os.write(write, data)
+    finally:
+        os.close(write)
+    return read
 
 
 def _kill(process: subprocess.Popen, group: cgroups.RunGroup | None, isolation: Isolation) -> None:

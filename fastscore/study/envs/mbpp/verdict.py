@@ -12,11 +12,13 @@ and could find the token in memory (see docs/sandbox-design.md); no MBPP test ne
 from __future__ import annotations
 
 import ast
+import collections
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fastscore.study.envs.mbpp.harness import MAX_DEPTH
+from fastscore.study.envs.mbpp.harness import MAX_DEPTH, MAX_ITEMS, MAX_RECORD_BYTES
 
 # Pure constructors EXPECTED may call; the names mean the real builtins whatever the program defines.
 _SAFE_CALLS = {f.__name__: f for f in (set, frozenset, tuple, list, dict, sorted, float, int, str, bool, complex)}
@@ -24,10 +26,14 @@ _SAFE_NODES = (
     ast.Expression, ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.Load, ast.UnaryOp, ast.USub, ast.UAdd,
     ast.Call, ast.Name, ast.keyword,
 )  # fmt: skip
-_TAGS = {
-    "tuple": tuple, "set": set, "frozenset": frozenset,
-    "bytes": bytes.fromhex, "bytearray": bytearray.fromhex,
-}  # fmt: skip
+_TAGS = {"set": set, "frozenset": frozenset, "bytes": bytes.fromhex, "bytearray": bytearray.fromhex}
+
+
+# Members of one set or keys of one dict that may share a hash value. Plain values essentially never do; a forged
+# record of keys that all share one (k * (2**61 - 1) for ints, crafted tuples) would make building the container
+# quadratic: ~20 s of the caller's CPU per MB. With at most this many per hash, building it stays linear.
+MAX_SAME_HASH = 16
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class MalformedRecord(ValueError):
@@ -49,7 +55,7 @@ class TestPlan:
     def holds(self, value: Any) -> bool:
         try:
             return bool(type(value) is not _Opaque and value == self.expected)
-        except RecursionError:
+        except Exception:  # a comparison that fails (too deep, ...) is not a match
             return False
 
 
@@ -95,34 +101,75 @@ def plan_test(test: str) -> TestPlan:
     return TestPlan(test, "statement")
 
 
-def decode(data: Any, depth: int = 0) -> Any:
-    """The plain value that `harness.encode` encoded; MalformedRecord for anything it does not write."""
-    if depth > MAX_DEPTH + 1:
-        raise MalformedRecord("value nested too deeply")
-    if data is None or isinstance(data, (bool, int, float, str)):
-        return data
-    if isinstance(data, list):
-        return [decode(x, depth + 1) for x in data]
-    if not (isinstance(data, dict) and len(data) == 1):
-        raise MalformedRecord("not an encoded value")
-    (tag, body), = data.items()
+def _hashed(items: list, what: str) -> list:
+    """`items` (set members or dict keys, as decoded), refused if too many share a hash value (see MAX_SAME_HASH)."""
     try:
+        counts = collections.Counter(hash(x) for x in items)  # hash values are ints that hash to themselves
+    except TypeError as exc:
+        raise MalformedRecord(f"not an encoded value: {exc}") from exc
+    if counts and max(counts.values()) > MAX_SAME_HASH:
+        raise MalformedRecord(f"{what} built to collide in a hash table")
+    return items
+
+
+class _Decoder:
+    """`harness.encode`'s inverse within its limits: at most MAX_ITEMS values, MAX_DEPTH deep, linear time."""
+
+    def __init__(self) -> None:
+        self.budget = MAX_ITEMS + 1
+
+    def __call__(self, data: Any, depth: int = 0) -> Any:
+        self.budget -= 1
+        if self.budget < 0 or depth > MAX_DEPTH + 1:
+            raise MalformedRecord("value too large or nested too deeply")
+        if isinstance(data, str):
+            if not data.isascii() and _SURROGATE.search(data):
+                raise MalformedRecord("a lone surrogate outside the surrogates tag")
+            return data
+        if data is None or isinstance(data, (bool, int, float)):
+            return data
+        if isinstance(data, list):
+            return [self(x, depth + 1) for x in data]
+        if not (isinstance(data, dict) and len(data) == 1):
+            raise MalformedRecord("not an encoded value")
+        (tag, body), = data.items()
+        try:
+            return self._tagged(tag, body, depth)
+        except (TypeError, ValueError) as exc:  # a wrong pair, bad hex, invalid UTF-8
+            if isinstance(exc, MalformedRecord):
+                raise
+            raise MalformedRecord(f"not an encoded value: {exc}") from exc
+
+    def _tagged(self, tag: str, body: Any, depth: int) -> Any:
         if tag == "int" and isinstance(body, str):
             return int(body, 16)
         if tag == "complex" and isinstance(body, list) and all(isinstance(x, (int, float)) for x in body):
             return complex(*body)
-        if tag == "dict" and isinstance(body, list):
-            return {decode(k, depth + 1): decode(v, depth + 1) for k, v in body}
+        if tag == "surrogates" and isinstance(body, str):
+            return bytes.fromhex(body).decode("utf-8", "surrogatepass")
         if tag in ("bytes", "bytearray") and isinstance(body, str):
             return _TAGS[tag](body)
-        if tag in _TAGS and isinstance(body, list):
-            return _TAGS[tag](decode(x, depth + 1) for x in body)
-    except (TypeError, ValueError) as exc:  # an unhashable set member, a wrong pair, bad hex
-        raise MalformedRecord(f"not an encoded value: {exc}") from exc
-    raise MalformedRecord(f"unknown value tag {tag!r}")
+        if not isinstance(body, list):
+            raise MalformedRecord(f"unknown value tag {tag!r}")
+        if tag == "dict":
+            pairs = [(self(k, depth + 1), self(v, depth + 1)) for k, v in body]
+            _hashed([k for k, _ in pairs], "dict keys")
+            return dict(pairs)
+        if tag in ("set", "frozenset"):
+            return _TAGS[tag](_hashed([self(x, depth + 1) for x in body], "set members"))
+        if tag == "tuple":
+            return tuple(self(x, depth + 1) for x in body)
+        raise MalformedRecord(f"unknown value tag {tag!r}")
+
+
+def decode(data: Any) -> Any:
+    """The plain value that `harness.encode` encoded; MalformedRecord for anything it does not write."""
+    return _Decoder()(data)
 
 
 def read_record(line: bytes) -> dict[str, Any]:
+    if len(line) > MAX_RECORD_BYTES:
+        raise MalformedRecord(f"a record longer than the harness writes ({MAX_RECORD_BYTES} bytes)")
     try:
         record = json.loads(line)
     except (ValueError, RecursionError) as exc:
