@@ -5,7 +5,8 @@ without a user namespace (one would map the program to host uid 0, i.e. root for
 /proc/sys), and the harness itself becomes `nobody` (uid and gid 65534, no supplementary groups) before any program
 text runs; bwrap keeps only CAP_SETUID and CAP_SETGID for that, and no_new_privs means nothing is regained by exec.
 As a normal user, bubblewrap's user namespace maps the program's uid 65534 to that user. Either way the program is an
-unprivileged host uid. The --sandbox rlimits mode drops to `nobody` the same way when run as root (docs/sandbox.md).
+unprivileged host uid. The --sandbox rlimits mode drops to `nobody` the same way when run as root
+(docs/sandbox-design.md).
 """
 
 from __future__ import annotations

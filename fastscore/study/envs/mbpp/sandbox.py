@@ -3,7 +3,7 @@
 Every way a program can go wrong (failing assert, exception, hang, memory exhaustion, hard crash, tampering with the
 report) comes back as a `RunOutcome`; nothing the program does raises out of `run_program`.
 
-Two isolation modes (docs/sandbox.md):
+Two isolation modes (docs/sandbox-design.md):
 - "bwrap" (default): bubblewrap gives the run new pid, net, ipc, uts and cgroup namespaces (and a user namespace
   unless fastscore is root), a read-only root holding a read-only view of the system's /usr and the Python
   installation only, a size-capped private tmpfs as /tmp (the only writable place), a fresh /proc with /proc/sys
