@@ -180,7 +180,7 @@ def test_local_tasks_match_lm_evals_hf_model_on_the_reference_weights(task_dir, 
     assert len(mc_fast) == 20
     deltas = [abs(a[0][0] - b[0][0]) for doc_a, doc_b in zip(mc_fast, mc_hf, strict=True)
               for a, b in zip(doc_a, doc_b, strict=True)]
-    rolling = [abs(a[0] - b[0]) for a, b in zip(_responses(fast, "fastscore_rolling"),
+    rolling = [abs(a[0][0] - b[0][0]) for a, b in zip(_responses(fast, "fastscore_rolling"),
                                                  _responses(hf, "fastscore_rolling"), strict=True)]
     acc = {name: r["results"]["fastscore_mc"]["acc,none"] for name, r in results.items()}
     acc_norm = {name: r["results"]["fastscore_mc"]["acc_norm,none"] for name, r in results.items()}

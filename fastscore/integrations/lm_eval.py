@@ -203,7 +203,9 @@ class FastscoreLM(TemplateLM):
             if budget >= self.max_length:
                 raise RequestError(f"max_gen_toks={budget} leaves no room for a context in max_length="
                                    f"{self.max_length}")
-            contexts.append(self.tok_encode(context, left_truncate_len=self.max_length - budget))
+            # An empty context starts from the prefix token, as an empty loglikelihood context does.
+            contexts.append(self.tok_encode(context, left_truncate_len=self.max_length - budget)
+                            or [self.prefix_token_id])
             budgets.append(budget)
             stops.append([term for term in until if term])
         decoded = greedy_decode(self.scorer.backend.decoder(max(budgets)), contexts,

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastscore.errors import RequestError, RequestTooLargeError
 from fastscore.records import CandidateSet, CandidateSetResult
-from fastscore.requests_schema import InputRecord, record_from_dict
+from fastscore.requests_schema import InputRecord
 
 
 @dataclass(frozen=True)
@@ -31,13 +31,9 @@ def parse_score(body: Any, max_candidates: int) -> ScoreCall:
     raws = [body] if single else body
     if not raws:
         raise RequestError("an empty list of requests")
-    records, seen = [], set()
-    for k, raw in enumerate(raws):
-        record = record_from_dict(raw, default_id=k)
-        if record.key in seen:
-            raise RequestError(f"duplicate id (request {k})", request_id=record.id)
-        seen.add(record.key)
-        records.append(record)
+    from fastscore.api import Session
+
+    records = Session._records(raws)  # the Python API's validation: ids default to the place in the list, unique
     n_candidates = sum(len(record.candidates) for record in records)
     if n_candidates > max_candidates:
         raise RequestTooLargeError(f"{n_candidates} candidates in one request; at most {max_candidates}")

@@ -43,6 +43,7 @@ class _HTTPError(Exception):
 
 class ScoringServer(ThreadingHTTPServer):
     daemon_threads = True  # a client that hangs up mid-request never keeps the process alive
+    request_queue_size = 128  # the listen backlog (socketserver's 5 drops connections when many clients start at once)
 
     def __init__(self, address: tuple[str, int], scorer, model_name: str, limits: Limits = Limits()) -> None:
         self.scorer, self.model_name, self.limits = scorer, model_name, limits
