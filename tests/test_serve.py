@@ -171,6 +171,20 @@ def test_a_full_queue_answers_503_and_the_queued_requests_still_finish(smollm_to
     assert server.batcher.stats.refused == 1
 
 
+def test_requests_not_answered_in_time_get_504_and_the_worker_keeps_serving(smollm_tokenizer):
+    backend = GatedBackend()
+    scorer = Scorer(backend, smollm_tokenizer)
+    body = json.dumps({"model": "tiny", "prompt": TEXTS[0], "echo": True, "logprobs": 1, "max_tokens": 0})
+    with served(scorer, timeout_s=0.3, batch_window_s=0.0) as server:
+        held, _, _ = post(server, "/v1/completions", body)  # the worker holds it past the timeout
+        queued, _, answer = post(server, "/v1/completions", body)  # waits behind it, times out, is cancelled
+        backend.release.set()
+        later, _, _ = post(server, "/v1/completions", body)
+        calls = list(backend.calls)
+    assert (held, queued, later) == (504, 504, 200) and "not scored within" in answer["error"]["message"]
+    assert calls == [1, 1]  # the cancelled request was never scored
+
+
 def test_requests_over_the_limits_answer_413(fake_scorer):
     with served(fake_scorer, max_body_bytes=2000, max_items=2) as server:
         with pytest.raises(openai.APIStatusError) as body_too_big:

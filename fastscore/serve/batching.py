@@ -90,6 +90,8 @@ class BatchingQueue:
             if first is None:
                 return
             batch, stop = self._collect(first)
+            # A job whose caller gave up (timed out) was cancelled: it is not scored, and no result is set on it.
+            batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
             for kind in (TOKENS, SETS):
                 jobs = [job for job in batch if job.kind == kind]
                 if jobs:
