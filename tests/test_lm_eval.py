@@ -119,6 +119,15 @@ def test_generate_until_is_the_greedy_completion_cut_at_the_first_stop_string(fa
     assert got[1] == tok.decode(reference.token_ids[:3], skip_special_tokens=True)
 
 
+def test_chat_templated_prompts_use_the_models_template(fake_scorer):
+    lm = FastscoreLM(scorer=fake_scorer)
+    text = lm.apply_chat_template([{"role": "user", "content": "2+2?"}])
+    assert text.endswith("<|im_start|>assistant\n") and "<|im_start|>user\n2+2?<|im_end|>" in text
+    assert lm.chat_template(True) == fake_scorer.tokenizer.chat_template and lm.chat_template(False) is None
+    # The template's special tokens are read as special tokens, as transformers reads them.
+    assert fake_scorer.tokenizer.token_text(lm.tok_encode(text)[0]) == "<|im_start|>"
+
+
 def test_sampling_is_refused(fake_scorer):
     from fastscore.errors import UnsupportedError
 

@@ -206,6 +206,7 @@ def test_requests_over_the_limits_answer_413(fake_scorer):
     ({"prompt": "hi", "echo": True, "logprobs": 99}, "logprobs"),
     ({"prompt": 3, "echo": True}, "'prompt'"),
     ("not json", "not valid JSON"),
+    ({"prompt": "word " * 600, "echo": True}, "longer than the backend's context"),
 ])
 def test_bad_requests_answer_400_with_a_message(fake_scorer, body, message):
     with served(fake_scorer) as server:
