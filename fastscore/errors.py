@@ -53,6 +53,10 @@ class BackendError(FastscoreError):
     """The inference engine failed at run time (e.g. llama_decode returned an error)."""
 
 
+class ServerBusyError(FastscoreError):
+    """`fastscore serve`: the batching queue already holds its maximum of waiting requests (HTTP 503)."""
+
+
 class ConversionError(FastscoreError):
     exit_code = 5
 
@@ -79,6 +83,10 @@ class RequestError(FastscoreError):
 
 class ContextTooLongError(RequestError):
     pass
+
+
+class RequestTooLargeError(RequestError):
+    """`fastscore serve`: more work in one request than the server accepts (HTTP 413)."""
 
 
 class TokenizationError(FastscoreError):
