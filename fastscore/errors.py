@@ -1,4 +1,13 @@
-"""Typed errors raised by library code. Only the CLI turns them into messages and exit codes."""
+"""Typed errors raised by library code. Only the CLI turns them into messages and exit codes (fastscore.cli.app).
+
+Exit codes (each error class below carries its own; README's table lists the same):
+0 success; 1 an internal or backend error at run time; 2 unknown model, backend or quant, a capability the backend
+lacks, or conflicting settings (SettingsError); 3 a missing optional dependency or no working sandbox; 4 an artefact
+unavailable, unloadable or damaged; 5 a conversion failed; 6 a malformed scoring request or a context too long;
+7 study data; 8 `--resume` with other settings; 9 a benchmark worker failed; 10 an output cannot be written
+safely: it or a name derived from it is an input or another output, another run holds its lock (OutputBusyError),
+it is not writable or the disk is full; 11 a sweep shard failed; 130 interrupted.
+"""
 
 from __future__ import annotations
 
@@ -99,6 +108,13 @@ class UnsupportedError(FastscoreError):
     exit_code = 2
 
 
+class SettingsError(FastscoreError):
+    """Settings that contradict each other or the model (n_ctx given twice with different values, an n_ctx beyond
+    the context the model was trained on)."""
+
+    exit_code = 2
+
+
 class DataError(FastscoreError):
     """Missing or malformed study data files."""
 
@@ -124,9 +140,14 @@ class SandboxUnavailableError(FastscoreError):
 
 
 class OutputError(FastscoreError):
-    """An output cannot be written safely: it is an input, another run holds it, or it is not writable."""
+    """An output cannot be written safely: it (or a file derived from its name) is an input or another output,
+    another run holds it, it is not writable, or the disk is full."""
 
     exit_code = 10
+
+
+class OutputBusyError(OutputError):
+    """Another run holds the output's lock (the message names the holder); same exit code as every OutputError."""
 
 
 class SweepError(FastscoreError):

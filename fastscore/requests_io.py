@@ -3,11 +3,15 @@
 Input line: {"id": ..., "messages": [{"role": ..., "content": ...}, ...], "candidates": ["...", ...],
 "tools": [...], "banned": ["...", ...]} ("banned" is optional and only used with greedy generation), or the raw-text
 form {"id", "prompt", "continuations"}: see fastscore.requests_schema. The file is read lazily and
-validated line by line; a bad line (bad JSON, bad UTF-8, a lone surrogate, nesting too deep, a bad field) raises
-RequestError naming its line (1-based) and id, or with on_error="skip" is listed in OUT.skipped.jsonl instead.
+validated line by line; a bad line (bad JSON, bad UTF-8, a lone surrogate, nesting too deep, a bad field, more
+bytes than `max_line_bytes`) raises RequestError naming its line (1-based) and id, or with on_error="skip" is
+listed in OUT.skipped.jsonl instead. A line's size is checked as it is read, before it is decoded, parsed or
+tokenized: by default a line may hold LINE_WINDOWS context windows of text (n_ctx tokens of the longest token's
+bytes each), and a longer one is read past in pieces, never held whole.
 Output goes to OUT.partial and is renamed over OUT only once complete (fastscore.outputs): a failed run leaves OUT
-untouched and every valid line before the error in OUT.partial, where `resume=True` continues it. "-" reads stdin
-or writes stdout (streamed, not atomic, no resume).
+untouched and every valid line before the error in OUT.partial (fsynced), where `resume=True` continues it and
+`restart=True` discards it; a note on the error says which. "-" reads stdin or writes stdout (streamed, not
+atomic, no resume).
 
 Output line: {"id", "scored_end_of_turn", "candidates": [{"index", "text", "logprob", "n_tokens",
 "logprob_per_token", "token_ids", "token_texts", "token_logprobs", "token_ranks", "token_is_argmax", "boundary_straddles",
@@ -32,13 +36,17 @@ from typing import IO, Any
 from tqdm.auto import tqdm
 
 from fastscore.errors import DamagedArtefactError, FastscoreError, OutputError, RequestError
-from fastscore.outputs import PartialOutput, check_not_an_input, is_stdio, write_text_atomic
+from fastscore.outputs import PartialOutput, is_stdio, write_text_atomic
 from fastscore.records import CandidateSetResult, GreedyRequest, GreedyResult
 from fastscore.requests_schema import InputRecord, parse_record
+from fastscore.score_outputs import SKIPPED_SUFFIX, ScoreOutputs, skipped_path  # noqa: F401 (SKIPPED_SUFFIX: API)
 
 log = logging.getLogger(__name__)
 
-SKIPPED_SUFFIX = ".skipped.jsonl"  # beside OUT: the lines on_error="skip" set aside, with their reasons
+# A request line holds a context and its candidates, each (context + candidate) at most one context window; the
+# default line limit leaves room for this many windows of text, and --max-line-bytes sets another.
+LINE_WINDOWS = 16
+_DRAIN = 1 << 20  # the piece size in which the rest of an over-long line is read past
 
 
 def _decode_line(data: bytes, line: int) -> str:
@@ -49,20 +57,42 @@ def _decode_line(data: bytes, line: int) -> str:
                            line=line) from None
 
 
-def read_requests(source: Path | str | IO[bytes]) -> Iterator[InputRecord]:
+def read_requests(source: Path | str | IO[bytes], max_line_bytes: int | None = None) -> Iterator[InputRecord]:
     """Parse and validate a JSONL request file lazily; blank lines are skipped; ids must be unique."""
-    for record in iter_requests(source):
+    for record in iter_requests(source, max_line_bytes):
         if isinstance(record, RequestError):
             raise record
         yield record
 
 
-def iter_requests(source: Path | str | IO[bytes]) -> Iterator[InputRecord | RequestError]:
+def _bounded_lines(fh: IO[bytes], limit: int | None) -> Iterator[tuple[int, bytes | RequestError]]:
+    """(line number, its bytes), or a RequestError for a line of more than `limit` bytes (its newline not counted),
+    which is read past in pieces and never held whole."""
+    line = 0
+    while data := (fh.readline() if limit is None else fh.readline(limit + 2)):
+        line += 1
+        content = data[:-1] if data.endswith(b"\n") else data
+        if limit is None or len(content) <= limit:
+            yield line, data
+            continue
+        size, tail = len(content), data
+        while not tail.endswith(b"\n") and (tail := fh.readline(_DRAIN)):
+            size += len(tail) - tail.endswith(b"\n")
+        yield line, RequestError(f"the line is {size:,} bytes, more than the {limit:,} a request line may hold "
+                                 "(--max-line-bytes): it cannot fit the context; split its candidates over several "
+                                 "lines", line=line)
+
+
+def iter_requests(source: Path | str | IO[bytes], max_line_bytes: int | None = None
+                  ) -> Iterator[InputRecord | RequestError]:
     """read_requests, but a bad line is yielded as its RequestError, so the caller decides to stop or skip it."""
     seen: dict[str, int] = {}
     with contextlib.ExitStack() as stack:
         fh = source if hasattr(source, "read") else stack.enter_context(open(source, "rb"))
-        for line, data in enumerate(fh, start=1):
+        for line, data in _bounded_lines(fh, max_line_bytes):
+            if isinstance(data, RequestError):
+                yield data
+                continue
             if not data.strip():
                 continue
             try:
@@ -135,14 +165,14 @@ class FileSummary:
 class _Sink:
     """Where finished lines go: OUT.partial (atomic on commit) or stdout (streamed)."""
 
-    def __init__(self, out: Path | str, settings: dict, resume: bool) -> None:
+    def __init__(self, out: Path | str, settings: dict, resume: bool, restart: bool) -> None:
         self.stdout = is_stdio(out)
         if self.stdout:
             if resume:
                 raise OutputError("--resume needs an output file, not stdout")
             self.partial, self.done = None, set()
         else:
-            self.partial = PartialOutput(Path(out), settings, resume)
+            self.partial = PartialOutput(Path(out), settings, resume, restart)
             self.done = self.partial.done
 
     def write(self, lines: Sequence[dict]) -> None:
@@ -200,14 +230,30 @@ class _ChunkWriter:
         self.bar.update(len(records))
 
 
+def _count_lines(fh: IO[bytes]) -> int:
+    """Non-blank lines, read in pieces (a huge line is never held whole)."""
+    total, blank = 0, True
+    while piece := fh.readline(_DRAIN):
+        blank = blank and not piece.strip()
+        if piece.endswith(b"\n"):
+            total, blank = total + (not blank), True
+    return total + (not blank)
+
+
 def _read_source(requests: Path | str) -> tuple[IO[bytes], int]:
     """A binary stream of the requests (stdin is read whole: it is read twice) and its number of non-blank lines."""
     if is_stdio(requests):
-        data = sys.stdin.buffer.read()
-        return io.BytesIO(data), sum(1 for line in data.splitlines() if line.strip())
-    with open(requests, "rb") as fh:
-        total = sum(1 for line in fh if line.strip())
-    return open(requests, "rb"), total
+        source: IO[bytes] = io.BytesIO(sys.stdin.buffer.read())
+    else:
+        source = open(requests, "rb")
+    total = _count_lines(source)
+    source.seek(0)
+    return source, total
+
+
+def default_line_limit(scorer) -> int:
+    """Bytes a request line may hold by default: LINE_WINDOWS windows of the most text one window can take."""
+    return LINE_WINDOWS * scorer.max_text_bytes
 
 
 def score_settings(scorer, generation: Generation | None) -> dict[str, Any]:
@@ -229,43 +275,47 @@ def score_file(
     chunk_size: int = 64,
     progress: bool = True,
     resume: bool = False,
+    restart: bool = False,
     on_error: str = "stop",
+    max_line_bytes: int | None = None,
 ) -> FileSummary:
     """Score every line of `requests_path` into `out_path`, `chunk_size` lines per scorer call ("-": stdin/stdout).
 
-    The output is written to OUT.partial and renamed over OUT when every line is done. With `resume`, the ids
-    already in OUT.partial are not scored again. on_error="skip" sets bad lines aside in OUT.skipped.jsonl (with
-    their reasons) instead of stopping at the first.
+    The output is written to OUT.partial and renamed over OUT when every line is done; OUT is locked meanwhile.
+    With `resume`, the ids already in OUT.partial are not scored again; with `restart` an interrupted run's
+    OUT.partial is discarded. on_error="skip" sets bad lines aside in OUT.skipped.jsonl (with their reasons) instead
+    of stopping at the first. A line of more than `max_line_bytes` (default: `default_line_limit`) is a bad line.
     """
     if on_error not in ("stop", "skip"):
         raise ValueError(f"on_error must be 'stop' or 'skip', not {on_error!r}")
-    if not is_stdio(out_path):
-        check_not_an_input(Path(out_path), [requests_path])
+    if resume and restart:
+        raise OutputError("--resume continues an interrupted run and --restart discards it: give one of them")
+    names = ScoreOutputs.of(out_path)
+    names.check([requests_path])
     generation = Generation(max_new_tokens, ban_prefix) if generate else None
+    limit = default_line_limit(scorer) if max_line_bytes is None else max_line_bytes
     source, total = _read_source(requests_path)
-    with source:
-        sink = _Sink(out_path, score_settings(scorer, generation), resume)
+    with source, names.lock():
+        sink = _Sink(out_path, score_settings(scorer, generation), resume, restart)
         try:
             summary = _score_stream(scorer, source, total, sink, out_path, generation, chunk_size,
-                                    progress, on_error == "skip")
+                                    progress, on_error == "skip", limit)
         except BaseException as exc:
             if sink.partial is not None:
                 sink.partial.close()
-                if sink.partial.n_written:
-                    exc.add_note(f"the {sink.partial.n_written} finished lines are kept in {sink.partial.partial}: "
-                                 "rerun with --resume to continue")
+                exc.add_note(sink.partial.kept())
             raise
     log.info("scored %d requests (%d candidates) into %s", summary.n_requests, summary.n_candidates, out_path)
     return summary
 
 
 def _score_stream(scorer, source: IO[bytes], total: int, sink: _Sink, out_path, generation: Generation | None,
-                  chunk_size: int, progress: bool, skip: bool) -> FileSummary:
+                  chunk_size: int, progress: bool, skip: bool, max_line_bytes: int | None) -> FileSummary:
     with tqdm(total=total, initial=len(sink.done), unit="req", desc="scoring", disable=not progress,
               dynamic_ncols=True, file=sys.stderr) as bar:
         writer = _ChunkWriter(scorer, sink, bar, generation, skip)
         chunk: list[InputRecord] = []
-        for record in iter_requests(source):
+        for record in iter_requests(source, max_line_bytes):
             if isinstance(record, RequestError):
                 writer.flush(chunk)  # the valid lines read before the bad one are written first
                 chunk = []
@@ -280,7 +330,7 @@ def _score_stream(scorer, source: IO[bytes], total: int, sink: _Sink, out_path, 
         writer.flush(chunk)
     skipped_file = None
     if not sink.stdout:
-        skipped_file = Path(out_path).with_name(Path(out_path).name + SKIPPED_SUFFIX)
+        skipped_file = skipped_path(Path(out_path))
         if writer.skipped:
             write_text_atomic(skipped_file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in writer.skipped))
         else:

@@ -10,6 +10,7 @@ Raw-text form: {"id", "prompt": "...", "continuations": [...]} (or "candidates")
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ def record_from_dict(raw: Any, line: int | None = None, default_id: str | int | 
     """Validate one request object (chat or raw-text form); errors name the line and id."""
     if not isinstance(raw, Mapping):
         raise RequestError(f"expected a JSON object, got {type(raw).__name__}", line=line)
+    check_no_lone_surrogate(raw, line)
     raw_form = "prompt" in raw
     candidates_field = "continuations" if raw_form and "continuations" in raw else "candidates"
     required = ("id", "prompt", candidates_field) if raw_form else ("id", "messages", "candidates")
@@ -135,9 +137,26 @@ def parse_record(text: str, line: int) -> InputRecord:
         raise RequestError(f"malformed JSON: {exc.msg} (at character {exc.pos + 1})", line=line) from None
     except RecursionError:
         raise RequestError("JSON nested too deeply", line=line) from None
-    try:  # JSON may spell lone surrogates ("\\ud800"), which are not text and no tokenizer accepts
-        json.dumps(raw, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise RequestError(f"contains a lone surrogate ({exc.object[exc.start]!r}), which is not valid text",
-                           line=line, request_id=raw.get("id") if isinstance(raw, dict) else None) from None
     return record_from_dict(raw, line)
+
+
+def check_no_lone_surrogate(raw: Any, line: int | None = None) -> None:
+    """JSON may spell lone surrogates ("\\ud800"), which are not text and no tokenizer accepts. Each string is
+    checked on its own: two halves of a pair in separate strings ("\\ud83d" then "\\ude00") are two lone
+    surrogates, refused, never joined into one character; a pair within one string is decoded by JSON already."""
+    pending = [raw]  # depth first, in the order the strings are written: the first lone surrogate is named
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                rid = raw.get("id") if isinstance(raw, Mapping) else None
+                raise RequestError(f"contains a lone surrogate ({exc.object[exc.start]!r}), which is not valid text",
+                                   line=line, request_id=rid if isinstance(rid, (str, int)) else None) from None
+        elif isinstance(value, Mapping):
+            pending += reversed([x for pair in value.items() for x in pair])
+        elif isinstance(value, (list, tuple)):
+            pending += reversed(value)
+        elif dataclasses.is_dataclass(value):  # a Message given to the Python API
+            pending += reversed([getattr(value, f.name) for f in dataclasses.fields(value)])

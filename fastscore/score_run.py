@@ -1,5 +1,6 @@
-"""`fastscore score` as one library call: refuse what can be refused before the model loads, score the file, write
-the table format and the OUT.meta.json provenance sidecar."""
+"""`fastscore score` as one library call: refuse what can be refused before the model loads (a file of the run that
+is an input or another of its files, a held OUT, an interrupted run's partial file without --resume or --restart,
+conflicting settings), score the file, write the table format and the OUT.meta.json provenance sidecar."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from fastscore import outputs, provenance, tables
 from fastscore.errors import OutputError
 from fastscore.requests_io import FileSummary
+from fastscore.score_outputs import ScoreOutputs
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,10 @@ def run_score(requests: Path, out: Path, *, model: str | None, backend: str, qua
               hf_path: Path | None = None, threads: int | None = None, include_end_of_turn: bool = True,
               backend_options: Sequence[str] = (), n_ctx: int | None = None, top_k: int = 0,
               out_format: str = "jsonl", ban_prefix: bool = False, generate: bool = False, max_new_tokens: int = 128,
-              chunk_size: int = 64, resume: bool = False, on_error: str = "stop", command: str = "") -> ScoreRun:
+              chunk_size: int = 64, resume: bool = False, restart: bool = False, on_error: str = "stop",
+              max_line_bytes: int | None = None, command: str = "") -> ScoreRun:
+    """Every file the run writes is named and checked against the input and each other, and OUT is locked, before
+    anything is written or the model loads; the lock is held until the metadata sidecar is written."""
     from fastscore.backends.options import parse_options
     from fastscore.registry import default_model
     from fastscore.requests_io import score_file
@@ -34,31 +39,29 @@ def run_score(requests: Path, out: Path, *, model: str | None, backend: str, qua
     from fastscore.session import open_scorer
 
     tables.check_format(out_format)
-    table_out = None
-    if out_format != "jsonl":
-        if outputs.is_stdio(out):
-            raise OutputError(f"--format {out_format} needs an output file, not stdout")
-        table_out, out = out, out.with_name(out.name + ".jsonl")  # the resumable record the table is made from
-        outputs.check_not_an_input(table_out, [requests])
-    if not outputs.is_stdio(out):
-        outputs.check_not_an_input(out, [requests])
-        outputs.ensure_parent(out)
-        outputs.refuse_unresumed_partial(out, resume)
+    if resume and restart:
+        raise OutputError("--resume continues an interrupted run and --restart discards it: give one of them")
+    names = ScoreOutputs.of(out, out_format)
+    names.check([requests])
     model = model or default_model()
     quant = quant or default_quant_of(model, backend)
     validate(backend, quant)
     model_source(model, hf_path)
     options = parse_options(backend, [*backend_options, *([f"n_ctx={n_ctx}"] if n_ctx else [])])
-    with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads, backend_options=options,
-                     progress=True, include_end_of_turn=include_end_of_turn, top_k=top_k) as scorer:
-        summary = score_file(scorer, requests, out, generate=generate, max_new_tokens=max_new_tokens,
-                             chunk_size=chunk_size, resume=resume, on_error=on_error, ban_prefix=ban_prefix)
-        meta = provenance.run_metadata(scorer, model=model, backend=backend, quant=quant, backend_options=options,
-                                       command=command, extra={"requests": str(requests), "format": out_format})
-        weights_note = scorer.weights_note
-    if table_out is not None:
-        tables.write_table(tables.read_rows(out), table_out, out_format)
-        summary = dataclasses.replace(summary, out=table_out)
-    if not outputs.is_stdio(summary.out):
-        outputs.write_text_atomic(provenance.meta_path(Path(summary.out)), json.dumps(meta, indent=1) + "\n")
+    with names.lock():
+        if not outputs.is_stdio(out):
+            outputs.refuse_unresumed_partial(names.record, resume, restart)
+        with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads, backend_options=options,
+                         progress=True, include_end_of_turn=include_end_of_turn, top_k=top_k) as scorer:
+            summary = score_file(scorer, requests, names.record, generate=generate, max_new_tokens=max_new_tokens,
+                                 chunk_size=chunk_size, resume=resume, restart=restart, on_error=on_error,
+                                 ban_prefix=ban_prefix, max_line_bytes=max_line_bytes)
+            meta = provenance.run_metadata(scorer, model=model, backend=backend, quant=quant, backend_options=options,
+                                           command=command, extra={"requests": str(requests), "format": out_format})
+            weights_note = scorer.weights_note
+        if names.table is not None:
+            tables.write_table(tables.read_rows(names.record), names.table, out_format)
+            summary = dataclasses.replace(summary, out=names.table)
+        if not outputs.is_stdio(summary.out):
+            outputs.write_text_atomic(provenance.meta_path(Path(summary.out)), json.dumps(meta, indent=1) + "\n")
     return ScoreRun(summary, model, quant, weights_note)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -89,6 +90,42 @@ class Scorer:
             raise RequestError(f"top_k must be >= 0, not {top_k}")
         self.top_k = top_k  # alternatives returned per scored token
 
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """At least the most bytes one token of this vocabulary stands for (the tokenizer's cheap bound if it has
+        one, else the exact maximum over its decoded vocabulary)."""
+        bound = getattr(self.tokenizer, "max_token_bytes", None)
+        return max(1, bound if bound is not None else max(len(piece) for piece in self.tokenizer.token_bytes))
+
+    @property
+    def max_text_bytes(self) -> int:
+        """A text of more bytes cannot fit the context: no token covers more than `max_token_bytes` of it."""
+        return self.backend.n_ctx * self.max_token_bytes
+
+    def context_limit(self) -> str:
+        """The context a too-long request ran into, and what sets it (for ContextTooLongError messages)."""
+        n_ctx, trained = self.backend.n_ctx, self.backend.n_ctx_train
+        option = self.backend.context_option
+        text = f"the backend's context of {n_ctx} tokens" + (f" (set by {option})" if option else "")
+        if trained is None:
+            return text
+        text += f"; the model's limit is its trained context of {trained} tokens"
+        return text + (f", so {option} up to {trained} can hold more" if option and trained > n_ctx else "")
+
+    def _check_text_fits(self, text: str, rid: object, reserved: int = 0) -> None:
+        """Before tokenizing: refuse a text that has more bytes than the context (less `reserved` tokens) can
+        hold, so a huge request costs a byte count, not a tokenization of all of it. Lone surrogates (API strings)
+        are refused here too: two halves given in separate strings are not joined into one character."""
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise RequestError(f"contains a lone surrogate ({exc.object[exc.start]!r}), which is not valid text",
+                               request_id=rid) from None
+        if size > (self.backend.n_ctx - reserved) * self.max_token_bytes:
+            raise ContextTooLongError(
+                f"the conversation is {size:,} bytes, more than {self.backend.n_ctx - reserved} tokens of at most "
+                f"{self.max_token_bytes} bytes each can hold: longer than {self.context_limit()}", request_id=rid)
+
     @property
     def _template(self) -> str:
         # Required only by chat requests: a base model without a template still scores raw-text prompts.
@@ -141,6 +178,7 @@ class Scorer:
             request_id=request_id,
             tools=tools,
         )
+        self._check_text_fits(text, request_id)
         enc = self.tokenizer.encode(text, literal_spans)
         ids, _, _ = self._with_bos(enc.ids, enc.starts, enc.ends, request_id)
         return [int(i) for i in ids]
@@ -149,6 +187,7 @@ class Scorer:
         """Token ids of a raw-text prompt, tokenized as a raw-text request's context is (the context greedy
         decoding continues without a template)."""
         rendered = chat.raw_text(prompt, "")
+        self._check_text_fits(rendered.text, request_id)
         enc = self.tokenizer.encode(rendered.text, rendered.literal_spans)
         ids, _, _ = self._with_bos(enc.ids, enc.starts, enc.ends, request_id)
         if len(ids) == 0:
@@ -175,6 +214,7 @@ class Scorer:
                 literal_texts=self.tokenizer.special_texts,
                 tools=request.tools,
             )
+        self._check_text_fits(rendered.text, rid)
         enc = self.tokenizer.encode(rendered.text, rendered.literal_spans)
         ids, starts, ends = self._with_bos(enc.ids, enc.starts, enc.ends, rid)
         lo, hi = rendered.start, rendered.end
@@ -202,7 +242,7 @@ class Scorer:
         if end > self.backend.n_ctx:
             raise ContextTooLongError(
                 f"the conversation is {end} tokens ({first} of context + {end - first} scored), "
-                f"longer than the backend's context of {self.backend.n_ctx} tokens",
+                f"longer than {self.context_limit()}",
                 request_id=rid,
             )
         token_request = TokenRequest(tokens=tuple(int(i) for i in ids[:end]), score_from=first, top_k=self.top_k)
@@ -321,8 +361,8 @@ class Scorer:
                    else self.context_ids(request.messages, request.id, request.tools))
             if len(ids) + budget > self.backend.n_ctx:
                 raise ContextTooLongError(
-                    f"the context is {len(ids)} tokens; with {budget} new tokens that is longer than the "
-                    f"backend's context of {self.backend.n_ctx} tokens",
+                    f"the context is {len(ids)} tokens; with {budget} new tokens that is longer than "
+                    f"{self.context_limit()}",
                     request_id=request.id,
                 )
             contexts.append(ids)

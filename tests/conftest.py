@@ -104,3 +104,26 @@ def tiny_artefact(tiny_model):
         return resolve(str(tiny_model(arch)), backend, quant, progress=False)
 
     return get
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """tiny_disk(size) -> a folder on a tmpfs of that size (e.g. "64k"), for full-disk tests; unmounted after the
+    test. Needs root and mount: the test is skipped where the mount fails."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def mount(size: str) -> Path:
+        folder = tmp_path / f"disk{len(mounted)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                              capture_output=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", str(folder)], check=True)

@@ -115,3 +115,107 @@ def test_special_token_text_in_a_candidate_is_scored_as_text(tmp_path):
     print(literal["n_tokens"], literal["logprob"])
     # As control token it would be 2 tokens (<|im_end|> + end of turn); as text it is its characters + end of turn.
     assert literal["n_tokens"] > 2
+
+
+@pytest.mark.parametrize("input_name, out_args", [
+    ("o.jsonl.skipped.jsonl", ["--out", "o.jsonl", "--on-error", "skip"]),  # deleted its input at 907a12e
+    ("p.jsonl.meta.json", ["--out", "p.jsonl"]),  # overwritten at 907a12e
+    ("t.csv.jsonl", ["--out", "t.csv", "--format", "csv"]),  # the record beside a table
+    ("o.jsonl.partial", ["--out", "./o.jsonl"]),
+], ids=["skipped", "meta", "table-record", "partial"])
+def test_a_file_derived_from_out_that_is_the_input_is_refused_before_anything_is_touched(tmp_path, monkeypatch,
+                                                                                       input_name, out_args):
+    monkeypatch.chdir(tmp_path)
+    requests = _write(tmp_path / input_name, [_line()])
+    before = requests.read_bytes()
+    result = _run(requests, *out_args)
+    assert result.exit_code == 10 and "is the input file" in _error_line(result)
+    assert requests.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == [input_name]
+
+
+def test_a_second_run_on_a_held_out_is_refused_in_one_line(tmp_path):
+    from fastscore.outputs import ExclusiveLock
+    from fastscore.score_outputs import ScoreOutputs
+
+    requests = _write(tmp_path / "r.jsonl", [_line()])
+    out = tmp_path / "out.jsonl"
+    with ExclusiveLock(ScoreOutputs.of(out).lock_file, "a run", ""):
+        result = _run(requests, "--out", out, "--resume")
+    assert result.exit_code == 10 and f"--out {out} is in use by another run (pid " in _error_line(result)
+    assert not out.exists() and not partial_path(out).exists()
+
+
+def test_a_failed_runs_partial_file_says_how_to_retry_and_restart_starts_over(tmp_path):
+    out = tmp_path / "out.jsonl"
+    requests = _write(tmp_path / "r.jsonl", [_line(), "{oops"])
+    failed = _run(requests, "--out", out)
+    assert failed.exit_code == 6
+    assert "the 1 finished lines are kept in" in _error_line(failed) and "fsynced" in _error_line(failed)
+    _write(requests, [_line(id="z")])
+    blocked = _run(requests, "--out", out)
+    assert blocked.exit_code == 10 and "pass --resume to continue it, or --restart" in _error_line(blocked)
+    restarted = _run(requests, "--out", out, "--restart")
+    assert restarted.exit_code == 0 and [json.loads(x)["id"] for x in out.read_text().splitlines()] == ["z"]
+    nothing = _run(_write(tmp_path / "bad.jsonl", ["{oops"]), "--out", tmp_path / "o2.jsonl")
+    assert nothing.exit_code == 6 and "nothing was kept" in _error_line(nothing)
+    assert not partial_path(tmp_path / "o2.jsonl").exists()  # nothing in the way of the retry
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--n-ctx", "512", "--backend-option", "n_ctx=1024"], 2, "n_ctx is given twice, as 1024 and as 512"),
+    (["--n-ctx", "16384"], 2, "n_ctx 16384 (--n-ctx) is beyond the 8192 tokens the model was trained on"),
+    (["--n-ctx", "256"], 6, "longer than the backend's context of 256 tokens (set by --n-ctx); the model's limit is "
+                            "its trained context of 8192 tokens, so --n-ctx up to 8192 can hold more"),
+], ids=["twice", "beyond-trained", "too-long"])
+def test_context_settings_are_checked_and_named(tmp_path, args, code, message):
+    long = _line(messages=[{"role": "user", "content": "word " * 300}])
+    result = _run(_write(tmp_path / "r.jsonl", [long]), "--out", tmp_path / "o.jsonl", "--quant", "q4_1", *args)
+    assert result.exit_code == code and message in _error_line(result)
+
+
+def test_a_context_smaller_than_the_sequence_count_does_not_abort(tmp_path):
+    """--n-ctx 16 (the CLI's minimum) with the default 256 sequences aborted the process in llama.cpp at 907a12e."""
+    out = tmp_path / "o.jsonl"
+    result = _run(_write(tmp_path / "r.jsonl", [_line()]), "--out", out, "--quant", "q4_1", "--n-ctx", "16")
+    assert result.exit_code == 0 and len(out.read_text().splitlines()) == 1
+
+
+def test_a_full_disk_is_one_line_that_says_what_is_on_disk(tmp_path, tiny_disk):
+    out = tiny_disk("16k") / "out.jsonl"
+    requests = _write(tmp_path / "r.jsonl", [_line(id=f"r{k}") for k in range(12)])
+    result = _run(requests, "--out", out, "--quant", "q4_1", "--top-k", "20", "--chunk-size", "2")
+    line = _error_line(result)
+    assert result.exit_code == 10 and "No space left on device" in line
+    kept = partial_path(out).read_bytes() if partial_path(out).exists() else b""
+    n_lines = kept.count(b"\n")
+    if n_lines:
+        assert f"the {n_lines} finished lines are kept in {partial_path(out)} ({len(kept)} bytes, fsynced)" in line
+    else:
+        assert "nothing was kept" in line
+
+
+def test_two_processes_on_one_out_the_second_is_refused_and_the_first_completes(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import fastscore
+    from fastscore.score_outputs import ScoreOutputs
+
+    out = tmp_path / "out.jsonl"
+    requests = _write(tmp_path / "r.jsonl", [_line(id=f"r{k}") for k in range(40)])
+    env = {**os.environ, "PYTHONPATH": str(Path(fastscore.__file__).resolve().parents[1])}
+    first = subprocess.Popen([sys.executable, "-c", "from fastscore.cli import main; main()", "score", str(requests),
+                              "--out", str(out), "--quant", "q4_1", "--threads", "1", "--chunk-size", "1"],
+                             env=env, stderr=subprocess.PIPE, text=True)
+    holder = ScoreOutputs.of(out).lock_file.with_name(".out.jsonl.lock.holder")
+    deadline = time.monotonic() + 120
+    while not holder.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert holder.exists(), "the first run never took its lock"
+    second = _run(requests, "--out", out, "--resume", "--quant", "q4_1")
+    assert second.exit_code == 10 and f"pid {first.pid}" in _error_line(second)
+    assert first.wait(timeout=600) == 0, first.stderr.read()
+    assert [json.loads(x)["id"] for x in out.read_text().splitlines()] == [f"r{k}" for k in range(40)]

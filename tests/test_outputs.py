@@ -16,6 +16,7 @@ from fastscore.outputs import (
     PartialOutput,
     check_not_an_input,
     partial_path,
+    settings_path,
     write_text_atomic,
 )
 
@@ -50,11 +51,31 @@ def test_out_is_replaced_only_on_commit(tmp_path):
     assert not partial_path(out).exists() and not (tmp_path / "out.jsonl.partial.json").exists()
 
 
-def test_a_partial_output_is_not_discarded_without_resume(tmp_path):
+def test_a_partial_output_is_not_discarded_without_resume_or_restart(tmp_path):
     out = tmp_path / "out.jsonl"
-    PartialOutput(out, SETTINGS, resume=False).close()
-    with pytest.raises(OutputError, match="pass --resume"):
+    first = PartialOutput(out, SETTINGS, resume=False)
+    first.write([{"id": 1}, {"id": 2}])
+    first.close()
+    with pytest.raises(OutputError, match="holds the 2 finished lines .* pass --resume .* or --restart"):
         PartialOutput(out, SETTINGS, resume=False)
+    assert partial_path(out).read_text() == '{"id": 1}\n{"id": 2}\n'
+    restarted = PartialOutput(out, SETTINGS, resume=False, restart=True)  # discards them
+    assert restarted.done == set() and partial_path(out).read_bytes() == b""
+    restarted.write([{"id": 3}])
+    restarted.commit()
+    assert out.read_text() == '{"id": 3}\n'
+
+
+def test_a_failed_run_that_finished_no_line_leaves_nothing_in_the_way_of_the_retry(tmp_path):
+    out = tmp_path / "out.jsonl"
+    failed = PartialOutput(out, SETTINGS, resume=False)
+    failed.close()
+    assert "nothing was kept" in failed.kept()
+    assert not partial_path(out).exists() and not settings_path(out).exists()
+    # A partial file with no complete line (a kill before the first fsync) is not in the way either.
+    partial_path(out).write_bytes(b'{"id": 1, "cand')
+    PartialOutput(out, SETTINGS, resume=False).commit()
+    assert out.read_text() == ""
 
 
 @pytest.mark.parametrize("tail", [b'{"id": 3, "cand', b'{"id": 3, "cand\n', b"\x00\x00\x00\x00"])
@@ -74,8 +95,10 @@ def test_resume_drops_a_torn_last_line_with_or_without_its_newline(tmp_path, tai
 
 def test_resume_with_other_settings_is_refused(tmp_path):
     out = tmp_path / "out.jsonl"
-    PartialOutput(out, SETTINGS, resume=False).close()
-    with pytest.raises(ResumeConfigError, match="generate: was False, now True"):
+    first = PartialOutput(out, SETTINGS, resume=False)
+    first.write([{"id": 1}])
+    first.close()
+    with pytest.raises(ResumeConfigError, match="generate: was False, now True.*--restart"):
         PartialOutput(out, {**SETTINGS, "generate": True}, resume=True)
 
 

@@ -59,8 +59,10 @@ class Backend(abc.ABC):
     resources)."""
 
     name: ClassVar[str]
+    context_option: ClassVar[str | None] = None  # the option that sets n_ctx, named in "context too long" errors
 
     n_ctx: int
+    n_ctx_train: int | None = None  # the context the model was trained on, where the weights say it
     n_vocab: int
 
     def __init__(self, path: Path, n_threads: int | None = None) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fastscore.backends.base import Decoder
 from fastscore.backends.kvcache import KVCacheBackend
-from fastscore.backends.options import LlamaCppOptions
+from fastscore.backends.options import DEFAULT_N_CTX, LlamaCppOptions
 from fastscore.backends.llamacpp_batch import (
     BatchBuffer,
     ContextSettings,
@@ -25,7 +25,7 @@ from fastscore.backends.llamacpp_batch import (
 )
 from fastscore.backends.llamacpp_streams import StreamDecoder, kv_bytes_per_cell
 from fastscore.deps import require
-from fastscore.errors import ArtefactUnavailableError, ModelLoadError, TokenizationError
+from fastscore.errors import ArtefactUnavailableError, ModelLoadError, SettingsError, TokenizationError
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,20 @@ def _check_gguf(path: Path) -> None:
         raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
 
 
+def context_size(asked: int | None, trained: int) -> int:
+    """The context to create: the one asked for, at most the trained one (SettingsError beyond it); by default
+    DEFAULT_N_CTX, or the trained context if that is smaller. A GGUF without a trained context (0) sets no bound."""
+    if asked is None:
+        return min(DEFAULT_N_CTX, trained) if trained > 0 else DEFAULT_N_CTX
+    if 0 < trained < asked:
+        raise SettingsError(f"n_ctx {asked} (--n-ctx) is beyond the {trained} tokens the model was trained on: "
+                            f"positions past {trained} would give meaningless scores; choose --n-ctx {trained} or less")
+    return asked
+
+
 class LlamaCppBackend(KVCacheBackend):
     name = "llamacpp"
+    context_option = "--n-ctx"
 
     def __init__(self, path: Path, n_threads: int | None = None, options: LlamaCppOptions | None = None,
                  progress: bool = False, eval_callback=None, library=None) -> None:
@@ -74,6 +86,8 @@ class LlamaCppBackend(KVCacheBackend):
         module = llama_module()  # initialises llama.cpp's backend and routes its log, whatever wraps the module
         self._L = L = library if library is not None else module
         self.n_seq_max = min(options.n_seq_max, int(L.llama_max_parallel_sequences()))
+        if options.n_ctx is not None:  # more sequences than cells aborts llama.cpp (GGML_ASSERT n_outputs_max)
+            self.n_seq_max = min(self.n_seq_max, options.n_ctx)
         self.settings = ContextSettings(n_ubatch=options.n_ubatch, n_seq_max=self.n_seq_max,
                                         n_threads=n_threads or os.cpu_count() or 1,
                                         flash_attn=options.flash_attn, kv_type=options.kv_type,
@@ -87,8 +101,12 @@ class LlamaCppBackend(KVCacheBackend):
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(L.llama_model_n_ctx_train(self._model))
-        self._ctx = new_context(L, self._model, options.n_ctx, options.n_ctx, self.settings)
-        self.n_ctx = int(L.llama_n_ctx(self._ctx))  # llama.cpp may round the cache size up
+        n_ctx = context_size(options.n_ctx, self.n_ctx_train)
+        self._ctx = new_context(L, self._model, n_ctx, n_ctx, self.settings)
+        self.n_ctx = int(L.llama_n_ctx(self._ctx))  # llama.cpp may round the cache size up (to 256 cells)
+        if self.n_ctx != n_ctx:  # a batch must hold a whole scoring group of n_ctx tokens, or llama.cpp aborts
+            L.llama_free(self._ctx)
+            self._ctx = new_context(L, self._model, self.n_ctx, self.n_ctx, self.settings)
         self._buffer = BatchBuffer(L, self.n_ctx, self.n_seq_max)
         self._session = LlamaSession(L, self._ctx, self._buffer, self.n_vocab, owns_ctx=False)
         log.info("llama.cpp: %s, n_ctx=%d (trained %d), n_vocab=%d, %d threads, flash_attn=%s (decoding %s), kv=%s",

@@ -6,20 +6,26 @@ Importing this module imports no backend; `parse_options` turns the CLI's `key=v
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastscore.errors import RequestError, UnknownBackendError
+from fastscore.errors import RequestError, SettingsError, UnknownBackendError
 
 FLASH_ATTN_MODES = ("auto", "off", "on")
 KV_CACHE_TYPES = ("f32", "f16", "q8_0")
 DECODE_KV_LAYOUTS = ("streams", "unified")
 
 
+DEFAULT_N_CTX = 4096  # llama.cpp's context when n_ctx is not given, or the model's trained context if smaller
+
+
 @dataclass(frozen=True)
 class LlamaCppOptions:
-    n_ctx: int = 4096
+    # None: DEFAULT_N_CTX, or the model's trained context if that is smaller. A value beyond the trained context is
+    # refused when the model is loaded (positions past it were never trained: their scores would mean nothing).
+    n_ctx: int | None = None
     n_seq_max: int = 256
     n_ubatch: int = 512
     # Exact arithmetic by default: an f16 KV cache and CPU flash attention each move log-probs by ~0.015 nats,
@@ -58,7 +64,7 @@ class LlamaCppOptions:
         if self.kv_type not in KV_CACHE_TYPES:
             raise RequestError(f"llamacpp option kv_type must be one of {', '.join(KV_CACHE_TYPES)}, "
                                f"not {self.kv_type!r}")
-        if self.n_ctx < 16 or min(self.n_ubatch, self.n_seq_max, self.max_group_tokens, self.max_decode_tokens) < 1:
+        if (self.n_ctx is not None and self.n_ctx < 16) or min(self.n_ubatch, self.n_seq_max, self.max_group_tokens, self.max_decode_tokens) < 1:
             raise RequestError("llamacpp options n_ubatch, n_seq_max, max_group_tokens and max_decode_tokens must be "
                                "positive and "
                                f"n_ctx at least 16 (got {self})")
@@ -100,26 +106,35 @@ def options_for(backend: str, fields: Mapping[str, Any] | None = None):
     return cls(**(fields or {}))
 
 
+def _field_type(cls: type, name: str) -> type:
+    """bool, int or str: the type a field's text is parsed as (an optional int is an int)."""
+    hint = typing.get_type_hints(cls).get(name, str)
+    kinds = typing.get_args(hint) or (hint,)
+    return next((kind for kind in (bool, int) if kind in kinds), str)
+
+
 def parse_options(backend: str, pairs: Sequence[str]):
-    """`key=value` strings (the CLI's --backend-option) -> the backend's options record, values typed by field."""
+    """`key=value` strings (the CLI's --backend-option) -> the backend's options record, values typed by field. A
+    key given twice with different values is a SettingsError: neither silently wins."""
     fields: dict[str, Any] = {}
-    types = {f.name: f.default for f in dataclasses.fields(OPTIONS.get(backend, ReferenceOptions))}
+    cls = OPTIONS.get(backend, ReferenceOptions)
     for pair in pairs:
         key, sep, text = pair.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key:
             raise RequestError(f"backend option {pair!r} is not key=value")
-        default = types.get(key)
+        kind = _field_type(cls, key)
         try:
-            if isinstance(default, bool):
+            if kind is bool:
                 if text.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
                     raise ValueError(text)
-                fields[key] = text.lower() in ("true", "1", "yes", "on")
-            elif isinstance(default, int):
-                fields[key] = int(text)
+                value: Any = text.lower() in ("true", "1", "yes", "on")
             else:
-                fields[key] = text
+                value = kind(text)
         except ValueError:
-            raise RequestError(f"backend option {key}={text!r}: expected a value of type {type(default).__name__}"
-                               ) from None
+            raise RequestError(f"backend option {key}={text!r}: expected a value of type {kind.__name__}") from None
+        if key in fields and fields[key] != value:
+            raise SettingsError(f"backend option {key} is given twice, as {fields[key]!r} and as {value!r} "
+                                f"(--n-ctx sets n_ctx too): give it once")
+        fields[key] = value
     return options_for(backend, fields)

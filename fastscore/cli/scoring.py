@@ -16,7 +16,8 @@ from fastscore.cli.app import BACKEND_HELP, MODEL_HELP, QUANT_HELP, command_line
 @click.option("--backend", default="llamacpp", show_default=True, help=BACKEND_HELP)
 @click.option("--quant", default=None, help=QUANT_HELP)
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
-              help="Output JSONL ('-': stdout). Written as OUT.partial, renamed to OUT once complete.")
+              help="Output JSONL ('-': stdout). Written as OUT.partial, renamed to OUT once complete; locked meanwhile "
+                   "(a second run on OUT is refused, exit code 10).")
 @click.option("--generate", is_flag=True, help="Also decode a greedy reply per request (honouring 'banned').")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -26,13 +27,18 @@ from fastscore.cli.app import BACKEND_HELP, MODEL_HELP, QUANT_HELP, command_line
 @click.option("--chunk-size", default=64, show_default=True, type=click.IntRange(min=1),
               help="Requests per scorer call (output streams chunk by chunk).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run from OUT.partial (same options required).")
+@click.option("--restart", is_flag=True, help="Discard an interrupted run's OUT.partial and start over.")
+@click.option("--max-line-bytes", default=None, type=click.IntRange(min=1),
+              help="The most bytes a request line may hold, checked before it is parsed (default: 16 context windows "
+                   "of text, n_ctx times the longest token's bytes each).")
 @click.option("--on-error", default="stop", show_default=True, type=click.Choice(["stop", "skip"]),
               help="At a bad request line: stop, or skip it and list it with its reason in OUT.skipped.jsonl.")
 @click.option("--backend-option", "backend_option", multiple=True, metavar="KEY=VALUE",
               help="A typed backend option, repeatable (e.g. kv_type=f16, flash_attn=on for llamacpp; "
                    "share_prefixes=false for onnx).")
 @click.option("--n-ctx", default=None, type=click.IntRange(min=16),
-              help="llama.cpp context size in tokens (default 4096; the same as --backend-option n_ctx=N).")
+              help="llama.cpp context size in tokens, at most the model's trained context (default 4096, or the trained "
+                   "context if smaller; the same as --backend-option n_ctx=N).")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0),
               help="Also write the K most likely tokens (id, text, log-prob) at every scored position.")
 @click.option("--format", "out_format", default="jsonl", show_default=True,
@@ -44,7 +50,8 @@ from fastscore.cli.app import BACKEND_HELP, MODEL_HELP, QUANT_HELP, command_line
                    "(prefix).")
 @friendly
 def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_path, threads, exclude_end_of_turn,
-          chunk_size, resume, on_error, backend_option, n_ctx, top_k, out_format, ban) -> None:
+          chunk_size, resume, restart, max_line_bytes, on_error, backend_option, n_ctx, top_k, out_format,
+          ban) -> None:
     """Score each candidate continuation of every request in REQUESTS (JSONL, '-': stdin) and write OUT, with the
     run's metadata (model, backend, quant, weights, versions, tokenizer hash, command) in OUT.meta.json."""
     from fastscore.score_run import run_score
@@ -52,8 +59,8 @@ def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_pat
     run = run_score(requests, out, model=model, backend=backend, quant=quant, hf_path=hf_path, threads=threads,
                     include_end_of_turn=not exclude_end_of_turn, backend_options=backend_option, n_ctx=n_ctx,
                     top_k=top_k, out_format=out_format, ban_prefix=ban == "prefix", generate=generate,
-                    max_new_tokens=max_new_tokens, chunk_size=chunk_size, resume=resume, on_error=on_error,
-                    command=command_line())
+                    max_new_tokens=max_new_tokens, chunk_size=chunk_size, resume=resume, restart=restart,
+                    on_error=on_error, max_line_bytes=max_line_bytes, command=command_line())
     summary = run.summary
     resumed = f", {summary.n_resumed} already done" if summary.n_resumed else ""
     skipped = f"; {summary.n_skipped} bad lines skipped, listed in {summary.skipped_file}" if summary.n_skipped else ""
