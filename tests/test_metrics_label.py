@@ -1,0 +1,119 @@
+"""Label contrasts, power and saturation on crafted rows whose expectations are computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fastscore.study.metrics import ScoreRow, summarize
+from fastscore.study.metrics_label import tie_verdict
+from fastscore.study.metrics_power import (
+    min_detectable_effect, n_needed, paired_se, power_multiplier, saturation,
+)
+
+# Three items; candidate 0 is the shown (failed) action (2 tokens), 1 the correct one (3 tokens), 2 and 3 the
+# alternatives (4 and 5 tokens, never shown).
+SHOWN = {"before": [-10.0, -12.0, -8.0], "after": [-6.0, -9.0, -7.0], "success": [-5.0, -8.0, -4.0],
+         "neutral": [-6.0, -10.0, -6.0]}
+CORRECT = {"before": -5.0, "after": -4.0, "success": -4.5, "neutral": -4.0}
+ALTS = {"before": (-20.0, -30.0), "after": (-18.0, -28.0), "success": (-20.0, -30.0), "neutral": (-19.0, -29.0)}
+GREEDY = {"after": [False, False, False], "success": [True, True, False], "neutral": [False, True, False],
+          "before": [False, False, False]}
+
+
+def crafted(p_repeat: float = 0.5) -> list[ScoreRow]:
+    rows = []
+    for cond, lps in SHOWN.items():
+        for i, lp in enumerate(lps):
+            rows.append(ScoreRow(
+                item_id=f"i{i}", env="tools", condition=cond, lp=lp, n_tokens=2,
+                cand_lp=(lp, CORRECT[cond], *ALTS[cond]), cand_n_tokens=(2, 3, 4, 5), p_repeat=p_repeat,
+                p_repeat_norm=0.5, greedy_repeat=GREEDY[cond][i], greedy_repeat_program=GREEDY[cond][i]))
+    return rows
+
+
+def test_label_effect_copying_and_differential_copy_match_hand_values():
+    label = summarize(crafted(), seed=0, n_boot=200)["tools"]["label"]
+    # failure-specific: lp(shown | after) - lp(shown | success) = [-1, -1, -3]
+    fs = label["label_effect"]["after-success"]["shown"]
+    assert fs["per_call"]["mean"] == pytest.approx(-5 / 3)
+    assert fs["per_token"]["mean"] == pytest.approx(-5 / 6)
+    assert fs["per_call"]["n"] == 3
+    # after - neutral: [0, -1... ] = [-6+6, -9+10, -7+6] = [0, 1, -1]
+    assert label["label_effect"]["after-neutral"]["shown"]["per_call"]["mean"] == pytest.approx(0.0)
+    # the correct action under after vs success: -4 - (-4.5) = 0.5 on every item
+    assert label["label_effect"]["after-success"]["correct"]["per_call"]["mean"] == pytest.approx(0.5)
+    assert label["label_effect"]["after-success"]["correct"]["per_token"]["mean"] == pytest.approx(0.5 / 3)
+    # copying: lift of the shown action under neutral = [4, 2, 2]
+    assert label["lift"]["neutral"]["shown"]["per_call"]["mean"] == pytest.approx(8 / 3)
+    # alternatives: mean lp -25 -> -23 under after (per call +2); per token mean(-5, -6) -> mean(-4.5, -5.6)
+    assert label["lift"]["after"]["alternative"]["per_call"]["mean"] == pytest.approx(2.0)
+    assert label["lift"]["after"]["alternative"]["per_token"]["mean"] == pytest.approx(-5.05 + 5.5)
+    # differential copy under after: lift(shown) [4, 3, 1] - lift(correct) 1 = [3, 2, 0]; it is -ΔG
+    dc = label["differential_copy"]["after"]["per_call"]["mean"]
+    assert dc == pytest.approx(5 / 3)
+    after = summarize(crafted(), seed=0, n_boot=200)["tools"]["conditions"]["after"]
+    assert after["delta_gain"]["mean"] == pytest.approx(-dc)
+
+
+def test_repeat_difference_is_paired_per_item():
+    label = summarize(crafted(), seed=0, n_boot=200)["tools"]["label"]
+    # greedy repeats after [0, 0, 0] vs success [1, 1, 0]: mean difference -2/3
+    diff = label["repeat_difference"]["after-success"]["greedy_repeat_program"]
+    assert diff["mean"] == pytest.approx(-2 / 3)
+    assert diff["n"] == 3
+
+
+def test_power_fields_are_the_hand_computed_mde_and_n_needed():
+    fs = summarize(crafted(), seed=0, n_boot=200)["tools"]["label"]["label_effect"]["after-success"]["shown"]
+    # d = [-1, -1, -3]: sd = sqrt(4/3), SE = sd / sqrt(3) = 2/3
+    z = 1.959964 + 0.841621
+    assert power_multiplier() == pytest.approx(z, abs=1e-5)
+    assert fs["per_call"]["mde"] == pytest.approx(z * 2 / 3, rel=1e-5)
+    assert fs["per_call"]["n_needed"] == math.ceil((z * math.sqrt(4 / 3) / (5 / 3)) ** 2) == 4
+    d = np.array([-1.0, -1.0, -3.0, np.nan])
+    assert paired_se(d) == pytest.approx(2 / 3)
+    assert min_detectable_effect(d) == pytest.approx(z * 2 / 3, rel=1e-5)
+    # Fewer items cannot give a spread; a zero mean cannot be detected at any n; a constant shift needs 2 items.
+    assert paired_se(np.array([1.0])) is None and n_needed(np.array([1.0, -1.0])) is None
+    assert n_needed(np.array([0.5, 0.5, 0.5])) == 2
+    # Quadrupling n with the same spread halves the MDE.
+    big = np.tile([-1.0, -1.0, -3.0], 4)
+    assert min_detectable_effect(big) < min_detectable_effect(d)
+
+
+def test_saturated_metrics_say_so():
+    assert saturation(np.array([1.0, 1.0, np.nan])) == "upper"
+    assert saturation(np.array([0.0, 0.0])) == "lower"
+    assert saturation(np.array([0.0, 1.0])) is None
+    conds = summarize(crafted(p_repeat=1.0), seed=0, n_boot=100)["tools"]["conditions"]
+    assert "saturated" in conds["after"]["p_repeat"]
+    assert "saturated" in conds["after"]["greedy_repeat"]  # 0/3: at the lower bound
+    assert "saturated" not in conds["success"]["greedy_repeat"]  # 2/3
+
+
+def test_ties_are_never_ranked():
+    assert tie_verdict({"lo": -0.1, "hi": 0.2}, "up", "down").startswith("not resolved")
+    assert tie_verdict({"lo": 0.1, "hi": 0.2}, "up", "down") == "up"
+    assert tie_verdict({"lo": -0.3, "hi": -0.2}, "up", "down") == "down"
+    assert tie_verdict({"lo": None, "hi": None}, "up", "down").startswith("not resolved")
+
+
+def test_clean_retry_is_exp_lp_before_by_construction_and_compared_pairwise():
+    before, after = [math.log(0.2), math.log(0.4)], [math.log(0.1), math.log(0.1)]
+    rows = []
+    for cond, lps in (("before", before), ("after", after), ("clean_retry", before)):
+        for i, lp in enumerate(lps):
+            rows.append(ScoreRow(item_id=f"i{i}", env="tools", condition=cond, lp=lp, n_tokens=2,
+                                 cand_lp=(lp, -5.0), cand_n_tokens=(2, 3), p_repeat=0.5, p_repeat_norm=0.5,
+                                 sampled_k=8 if cond == "clean_retry" else None,
+                                 sampled_repeat=2 if cond == "clean_retry" else None))
+    retry = summarize(rows, seed=0, n_boot=200)["tools"]["clean_retry"]
+    assert retry["p_sample_repeat"]["mean"] == pytest.approx(0.3)
+    assert "by construction" in retry["p_sample_repeat"]["note"]
+    assert retry["minus"]["after"]["mean"] == pytest.approx(0.2)  # (0.1 + 0.3) / 2
+    assert retry["minus"]["after"]["ranking"] == "clean retry repeats more than after"  # both items +: CI > 0
+    # seeded runs have no clean retry rows: no entry
+    assert "clean_retry" not in summarize(crafted(), seed=0, n_boot=50)["tools"]
