@@ -30,7 +30,7 @@ def crafted(p_repeat: float = 0.5) -> list[ScoreRow]:
             rows.append(ScoreRow(
                 item_id=f"i{i}", env="tools", condition=cond, lp=lp, n_tokens=2,
                 cand_lp=(lp, CORRECT[cond], *ALTS[cond]), cand_n_tokens=(2, 3, 4, 5), p_repeat=p_repeat,
-                p_repeat_norm=0.5, greedy_repeat=GREEDY[cond][i], greedy_repeat_program=GREEDY[cond][i]))
+                p_repeat_norm=0.5, greedy_repeat=GREEDY[cond][i], greedy_repeat_semantic=GREEDY[cond][i]))
     return rows
 
 
@@ -61,7 +61,7 @@ def test_label_effect_copying_and_differential_copy_match_hand_values():
 def test_repeat_difference_is_paired_per_item():
     label = summarize(crafted(), seed=0, n_boot=200)["tools"]["label"]
     # greedy repeats after [0, 0, 0] vs success [1, 1, 0]: mean difference -2/3
-    diff = label["repeat_difference"]["after-success"]["greedy_repeat_program"]
+    diff = label["repeat_difference"]["after-success"]["greedy_repeat_semantic"]
     assert diff["mean"] == pytest.approx(-2 / 3)
     assert diff["n"] == 3
 

@@ -109,13 +109,20 @@ def test_clean_retry_under_seeded_failures_is_not_applicable_and_absent_from_the
     assert "clean_retry" not in summary["tools"]["conditions"]
 
 
-def test_the_reading_states_the_failure_specific_part_with_its_ci(backfire):
+def test_the_reading_states_the_differential_copy_and_the_failure_specific_contrast_with_cis(backfire):
     _, summary, _, _, report = backfire
     delta = summary["tools"]["conditions"]["after"]["delta_gain"]
     section = report.read_text().split("## Results: tools")[1]
-    line = next(x for x in section.splitlines() if "failure-specific part" in x)
+    line = next(x for x in section.splitlines() if "differential copy ΔG" in x)
     assert f"{delta['mean']:.3f} nats [{delta['lo']:.3f}, {delta['hi']:.3f}]" in line
     assert "### Copy control" in section and "### Failure kinds" in section
+    # "Failure-specific" names only the contrast that isolates the label: after vs success on the same action.
+    fs = summary["tools"]["label"]["label_effect"]["after-success"]["shown"]["per_call"]
+    answer = next(x for x in section.splitlines() if x.startswith("- Does a failure record make the failed action"))
+    assert f"{fs['mean']:.3f} [{fs['lo']:.3f}, {fs['hi']:.3f}] ({fs['n']})" in answer
+    resolved = fs["lo"] > 0 or fs["hi"] < 0
+    assert ("the data cannot answer at this n" in answer) == (not resolved)
+    assert "### Label contrasts: the failure label, separated from copying" in section
 
 
 def test_report_and_plots_survive_missing_conditions_and_meta(tmp_path):

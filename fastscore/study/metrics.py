@@ -58,7 +58,7 @@ __all__ = [
 
 GAIN_METRICS = ("gain", "gain_per_token", "odds_factor", "share_negative")
 # Per-item 0/1 outcomes: their share gets a Wilson interval, never a percentile bootstrap (which collapses at 0 and 1).
-BINARY_METRICS = ("greedy_repeat", "greedy_repeat_program", "greedy_success")
+BINARY_METRICS = ("greedy_repeat", "greedy_repeat_program", "greedy_repeat_semantic", "greedy_success")
 ROW_METRICS = ("p_repeat", "p_repeat_norm", *BINARY_METRICS, "banned_mass", "p_sample_repeat", "sampled_repeat_rate")
 TABLE_COLUMNS = ("lp", "n_tokens", "correct_lp", "correct_n", "alt_lp", "alt_lp_per_token", "sampled_k",
                  "sampled_repeat") + ROW_METRICS

@@ -40,7 +40,7 @@ COPY_RECORD = "neutral"
 # (a, b): lp(action | a) - lp(action | b). The first isolates the failure label (failure-specific).
 FAILURE_SPECIFIC = ("after", "success")
 LABEL_CONTRASTS = (FAILURE_SPECIFIC, ("after", "neutral"), ("success", "neutral"), ("dont_repeat", "after"))
-REPEAT_METRICS = ("p_repeat", "greedy_repeat_program", "greedy_repeat")
+REPEAT_METRICS = ("p_repeat", "p_sample_repeat", "greedy_repeat_semantic", "greedy_repeat")
 SCALES = ("per_call", "per_token")
 
 

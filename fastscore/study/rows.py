@@ -65,6 +65,7 @@ def score_rows(item: Item, lp_record: dict[str, Any], greedy: dict[str, GreedyRe
             banned_mass=completion.banned_mass if cond == "ban" else None,
             failure_kind=failure_kind(item),
             greedy_repeat_program=env.same_action(completion.text, item.failed_action),
+            greedy_repeat_semantic=env.repeats_failure(item, completion.text),
             greedy_decoded=None if decoded is None else decoded.get(cond, True),
             token_lp=token_lp, token_edited=edited, sampled_k=k, sampled_repeat=repeats,
         ))

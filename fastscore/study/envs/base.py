@@ -103,6 +103,11 @@ class StudyEnv(abc.ABC):
         decoder's ban compares."""
         return text.strip() == failed_action.strip()
 
+    def repeats_failure(self, item: Item, text: str) -> bool:
+        """Does a completion repeat the failed action in meaning (the study's semantic repeat)? By default the
+        environment's same_action; environments override it with what "the same action" means to their harness."""
+        return self.same_action(text, item.failed_action)
+
     @classmethod
     def isolation(cls, mode: str) -> contextlib.AbstractContextManager:
         """The context in which this environment runs model-written code under isolation `mode`; an environment

@@ -339,3 +339,9 @@ class MbppEnv(StudyEnv):
     def same_action(self, text: str, failed_action: str) -> bool:
         """Programs compare as the extracted program in its canonical fenced form."""
         return format_program(extract_program(text)) == failed_action
+
+    def repeats_failure(self, item: Item, text: str) -> bool:
+        """The same failing test outcome: the completion fails the item's tests with the very verdict and message
+        the failed action gets (both runs go through evaluate, so they are judged alike)."""
+        got, failed = self.evaluate(item.source_id, text), self.evaluate(item.source_id, item.failed_action)
+        return not got.ok and not failed.ok and (got.kind, got.message) == (failed.kind, failed.message)

@@ -29,7 +29,7 @@ from fastscore.study.envs.tools.native import NativeItem, native_item
 from fastscore.study.envs.tools.mutations import mutation_rng, seeded_mutations
 from fastscore.study.envs.tools.prose import SEEDED_MIX, seeded_prose
 from fastscore.study.envs.tools.runtime import (
-    CALL_FORMAT_INSTRUCTIONS, Call, ToolOutcome, ToolRejection, ToolRuntime, parse_call,
+    CALL_FORMAT_INSTRUCTIONS, Call, ToolOutcome, ToolRejection, ToolRuntime, parse_call, same_call,
 )
 
 log = logging.getLogger(__name__)
@@ -310,6 +310,10 @@ class ToolsEnv(StudyEnv):
 
     def native_tools(self, item: Item) -> NativeItem:
         return native_item(self.source(item.source_id).functions, item.candidates)
+
+    def repeats_failure(self, item: Item, text: str) -> bool:
+        """The same call after argument normalisation (see same_call)."""
+        return same_call(text, item.failed_action)
 
     def success_message(self, item: Item) -> str:
         return SUCCESS_TEMPLATE.format(function=_called_function(item))
