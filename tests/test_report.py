@@ -172,3 +172,14 @@ def test_clean_retry_share_is_wilson_over_all_samples_and_fixed_cells_are_not_ap
     ban_row = next(line for line in text.splitlines() if line.startswith("| ban |"))
     assert "not applicable (0 by construction)" in ban_row and "0 [0, 0]" not in ban_row
     assert "Greedy exact reproduction after the record:" in text and "(before it: not applicable" in text
+
+
+def test_the_cut_rate_of_the_models_attempts_is_reported_per_environment(tmp_path):
+    from fastscore.study.onpolicy import CUT_AT_CAP
+
+    summary = summarize([r for r in study_rows(shift=2.0, n=6) if r.env == "tools"], seed=0, n_boot=50)
+    skipped = {"tools": {CUT_AT_CAP: 9, "the model's own attempt succeeded": 3, "too few distinct candidates": 4}}
+    text = write_report(summary, tmp_path, {"skipped": skipped}).read_text()
+    # 6 items + 12 skipped attempts examined (the seeded-candidate reason is not an attempt); 9 cut
+    assert "tools: 9 of 18 attempts examined were cut at the token cap (50%, Wilson 95% CI 29-71%)" in text
+    assert "Cut rate" not in write_report(summary, tmp_path, {}).read_text()

@@ -20,7 +20,7 @@ from fastscore.study.report_control import copy_control_section, delta_reading, 
 from fastscore.study.report_control import pooled_line, seeded_mix_text
 from fastscore.study.report_control import num as _num
 from fastscore.study.report_control import table as _table
-from fastscore.study.report_label import clean_retry_section, failure_vs_success_answer, label_section
+from fastscore.study.report_label import clean_retry_section, cut_rate_note, failure_vs_success_answer, label_section
 from fastscore.study.report_sensitivity import sensitivity_section
 from fastscore.study.redactions import redaction_note
 from fastscore.study.envs import env_class
@@ -86,7 +86,8 @@ def write_report(summary: dict[str, Any], out_dir: Path, meta: dict[str, Any]) -
         _run_parameters(meta),
         *([versions_markdown(meta["provenance"])] if "provenance" in meta else []),
         _stage_timings(meta.get("stage_seconds") or {}, meta.get("stage_tokens") or {}),
-        _items(envs, meta.get("skipped") or {}) + redaction_note(envs, meta.get("failure_source")),
+        _items(envs, meta.get("skipped") or {}) + redaction_note(envs, meta.get("failure_source"))
+        + cut_rate_note(envs, meta.get("skipped") or {}),
         *([pooled_section(summary[POOLED])] if POOLED in summary else []),
         *filter(None, [sensitivity_section(summary)]),
     ]

@@ -133,3 +133,23 @@ def env_label_headline(s: dict[str, Any]) -> dict[str, Any]:
     if fs:
         out[contrast_key(*FAILURE_SPECIFIC)] = fs
     return out
+
+
+def cut_rate_note(envs: dict[str, Any], skipped: dict[str, dict[str, int]]) -> str:
+    """Per environment, the model's own attempts cut at the token cap among those examined (on-policy runs only):
+    a cut attempt is skipped, so a high rate means the items are the short attempts."""
+    from fastscore.mathops import wilson_interval
+    from fastscore.study.onpolicy import ATTEMPT_REASONS, CUT_AT_CAP
+
+    lines = []
+    for env in list(envs) + [e for e in skipped if e not in envs]:
+        reasons = skipped.get(env) or {}
+        attempts = sum(n for reason, n in reasons.items() if reason.startswith(ATTEMPT_REASONS))
+        if not attempts:
+            continue
+        examined = attempts + int((envs.get(env) or {}).get("n_items", 0))
+        cut = reasons.get(CUT_AT_CAP, 0)
+        lo, hi = wilson_interval(cut, examined)
+        lines.append(f"{env}: {cut} of {examined} attempts examined were cut at the token cap "
+                     f"({100 * cut / examined:.0f}%, Wilson 95% CI {100 * lo:.0f}-{100 * hi:.0f}%)")
+    return "" if not lines else "\n\nCut rate of the model's own attempts: " + "; ".join(lines) + "."
