@@ -76,9 +76,9 @@ def test_power_fields_are_the_hand_computed_mde_and_n_needed():
     d = np.array([-1.0, -1.0, -3.0, np.nan])
     assert paired_se(d) == pytest.approx(2 / 3)
     assert min_detectable_effect(d) == pytest.approx(z * 2 / 3, rel=1e-5)
-    # Fewer items cannot give a spread; a zero mean cannot be detected at any n; a constant shift needs 2 items.
+    # Fewer items cannot give a spread; a zero mean cannot be detected at any n; identical differences give no SE.
     assert paired_se(np.array([1.0])) is None and n_needed(np.array([1.0, -1.0])) is None
-    assert n_needed(np.array([0.5, 0.5, 0.5])) == 2
+    assert n_needed(np.array([0.5, 0.5, 0.5])) is None and min_detectable_effect(np.array([0.5, 0.5])) is None
     # Quadrupling n with the same spread halves the MDE.
     big = np.tile([-1.0, -1.0, -3.0], 4)
     assert min_detectable_effect(big) < min_detectable_effect(d)
@@ -92,6 +92,10 @@ def test_saturated_metrics_say_so():
     assert "saturated" in conds["after"]["p_repeat"]
     assert "saturated" in conds["after"]["greedy_repeat"]  # 0/3: at the lower bound
     assert "saturated" not in conds["success"]["greedy_repeat"]  # 2/3
+    # A difference between two records at the same bound is no finding either; one at a bound against one off it is.
+    repeats = summarize(crafted(p_repeat=1.0), seed=0, n_boot=100)["tools"]["label"]["repeat_difference"]
+    assert "saturated" in repeats["after-neutral"]["p_repeat"]
+    assert "saturated" not in repeats["after-success"]["greedy_repeat"]
 
 
 def test_ties_are_never_ranked():

@@ -37,6 +37,7 @@ def test_verdicts_follow_the_interval_and_the_claims_side():
     assert verdict({"mean": -1, "lo": -1.2, "hi": 0.1, "n": 5}, G_CLAIM) == NOT_MEASURABLE
     assert verdict({"mean": 1, "lo": 1, "hi": 1, "n": 5, "saturated": "x"}, G_CLAIM) == NOT_MEASURABLE
     assert verdict(None, G_CLAIM) == NOT_MEASURABLE
+    assert verdict({"mean": -1, "lo": -1.2, "hi": -0.8, "n": 4}, G_CLAIM) == NOT_MEASURABLE  # too few items
     # "≈ 0" claims: a CI inside the margin reproduces, one that excludes 0 refutes, a wide one cannot tell.
     assert verdict({"mean": 0, "lo": -0.1, "hi": 0.1, "n": 5}, LABEL_CLAIM) == REPRODUCED
     assert verdict({"mean": -0.4, "lo": -0.6, "hi": -0.2, "n": 5}, LABEL_CLAIM) == NOT_REPRODUCED
@@ -51,6 +52,7 @@ def test_table_has_n_and_ci_in_every_scope_and_mixed_rows_name_their_scopes():
     assert g_row.endswith("| reproduced: seeded tools, seeded mbpp; not measurable: model tools |")
     greedy = next(line for line in text.splitlines() if line.startswith("| greedy reproduction"))
     assert greedy.endswith(f"| {NOT_MEASURABLE} |")  # saturated before and after: no finding
+    assert "seeded tools: saturated — not measurable at this n: 0 (20)" in greedy
     assert "pooled" not in text and "failure_prior" not in text
     assert study_table(SUMMARY) == text  # deterministic
 
@@ -89,6 +91,8 @@ def test_every_claim_finds_its_estimate_in_a_real_summary():
     rows = [line for line in text.splitlines()[2:]]
     assert len(rows) == len(CLAIMS)
     missing = [row.split(" | ")[0] for row in rows if "no estimate" in row]
+    assert all(row.endswith("| reproduced |") or row.endswith("| not reproduced |") or
+               row.endswith("| not measurable |") for row in rows)
     # These crafted rows record no greedy completion and no sampled retries; every other claim is found.
     assert missing == ["| greedy reproduction of the failed call, after − before",
                        "| clean retry − after: P(T=1 sample = failed), paired"]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fastscore.study.conditions import REFERENCE
-from fastscore.study.metrics_power import power_fields, saturation
+from fastscore.study.metrics_power import SATURATED, power_fields, saturation
 from fastscore.study.metrics_stats import bootstrap_ci, present_count
 
 if TYPE_CHECKING:  # metrics imports this module; the table type is only annotated here
@@ -107,6 +107,9 @@ def label_contrasts(table: "EnvTable", idx: np.ndarray) -> dict[str, Any]:
             diff = table.column(a, metric) - table.column(b, metric)
             est = paired_estimate(diff, idx)
             if est is not None:
+                both = {saturation(table.column(a, metric)), saturation(table.column(b, metric))}
+                if len(both) == 1 and None not in both:  # both records at the same bound on every item
+                    est["saturated"] = f"{SATURATED} (both records at the {both.pop()} bound on every item)"
                 repeats[metric] = est
         out["repeat_difference"][key] = repeats
     return out

@@ -35,20 +35,22 @@ def paired_se(diff: np.ndarray) -> float | None:
 
 
 def min_detectable_effect(diff: np.ndarray, alpha: float = ALPHA, power: float = POWER) -> float | None:
-    """The smallest true mean difference this many items detect with `power` at two-sided level `alpha`."""
+    """The smallest true mean difference this many items detect with `power` at two-sided level `alpha` (None with
+    fewer than 2 items or no spread: identical differences on every item estimate no standard error)."""
     se = paired_se(diff)
-    return None if se is None else power_multiplier(alpha, power) * se
+    return None if se is None or se == 0.0 else power_multiplier(alpha, power) * se
 
 
 def n_needed(diff: np.ndarray, alpha: float = ALPHA, power: float = POWER) -> int | None:
-    """Items needed to detect the observed mean difference (None: fewer than 2 items, or a mean of exactly 0)."""
+    """Items needed to detect the observed mean difference (None: fewer than 2 items, a mean of exactly 0, or no
+    spread to estimate a standard error from)."""
     d = np.asarray(diff, dtype=float)
     d = d[~np.isnan(d)]
     if d.size < 2 or float(d.mean()) == 0.0:
         return None
     sd = float(np.std(d, ddof=1))
     if sd == 0.0:
-        return 2  # every item moves by the same amount: two items show it
+        return None
     return max(2, math.ceil((power_multiplier(alpha, power) * sd / abs(float(d.mean()))) ** 2))
 
 

@@ -6,7 +6,8 @@ Each row is a claim of the paper's abstract, the paper's value, the study's esti
 - reproduced: the CI lies wholly on the paper's side of the claim's null (for an "≈ 0" claim: the CI lies within the
   claim's equivalence margin);
 - not reproduced: the CI lies wholly on the other side (for "≈ 0": the CI excludes 0);
-- not measurable: no estimate, a saturated metric (at its bound on every item), or a CI that includes the null.
+- not measurable: no estimate, fewer than MIN_N items, a saturated metric (at its bound on every item), or a CI
+  that includes the null.
 
 A row whose scopes disagree says which scopes reproduce. A README holds the table between the markers
 `<!-- study-table:begin -->` and `<!-- study-table:end -->`; `--check` fails when that block differs from the table
@@ -35,6 +36,8 @@ SOURCES = ("seeded", "model")
 NOT_SCOPES = ("pooled", "failure_prior")
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable"
 EQUIVALENCE_SHARE = 0.25  # an "≈ 0" share claim holds when the whole CI lies within ±25 percentage points
+# Fewer items and a percentile bootstrap is no interval (two items give two values): no verdict below this n.
+MIN_N = 5
 
 Getter = Callable[[dict[str, Any]], dict[str, Any] | None]
 
@@ -63,8 +66,11 @@ def _repeat_rise(metric: str) -> Getter:
     """after - before of a share, as an interval difference (after's low end over before's high end)."""
     def get(s: dict[str, Any]) -> dict[str, Any] | None:
         before, after = _path("conditions", "before", metric)(s), _path("conditions", "after", metric)(s)
-        if before is None or after is None or before.get("saturated") and after.get("saturated"):
+        if before is None or after is None:
             return None
+        if before.get("saturated") and after.get("saturated"):
+            return {"mean": after["mean"] - before["mean"], "lo": None, "hi": None, "n": min(after["n"], before["n"]),
+                    "saturated": "before and after"}
         if after.get("lo") is None or before.get("lo") is None:
             return None
         return {"mean": after["mean"] - before["mean"], "lo": after["lo"] - before["hi"],
@@ -94,7 +100,7 @@ CLAIMS = (
 
 
 def verdict(est: dict[str, Any] | None, claim: Claim) -> str:
-    if est is None or est.get("saturated") or est.get("lo") is None:
+    if est is None or est.get("saturated") or est.get("lo") is None or est.get("n", 0) < MIN_N:
         return NOT_MEASURABLE
     lo, hi = est["lo"], est["hi"]
     if claim.side == 0:

@@ -340,6 +340,9 @@ class MbppEnv(StudyEnv):
         """Programs compare as the extracted program in its canonical fenced form."""
         return format_program(extract_program(text)) == failed_action
 
+    def reference_actions(self) -> list[str]:
+        return [format_program(source.code) for source in self.sources().values()]
+
     def repeats_failure(self, item: Item, text: str) -> bool:
         """The same failing test outcome: the completion fails the item's tests with the very verdict and message
         the failed action gets (both runs go through evaluate, so they are judged alike)."""

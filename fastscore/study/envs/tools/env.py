@@ -311,6 +311,16 @@ class ToolsEnv(StudyEnv):
     def native_tools(self, item: Item) -> NativeItem:
         return native_item(self.source(item.source_id).functions, item.candidates)
 
+    def reference_actions(self) -> list[str]:
+        """The ground-truth call of every usable source, rendered as the study renders it."""
+        out = []
+        for source in self.sources().values():
+            try:
+                out.append(_truth(source, ToolRuntime(source.functions)).render())
+            except _Unusable:
+                continue
+        return out
+
     def repeats_failure(self, item: Item, text: str) -> bool:
         """The same call after argument normalisation (see same_call)."""
         return same_call(text, item.failed_action)
