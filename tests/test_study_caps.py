@@ -27,3 +27,11 @@ def test_environments_give_their_reference_answers_in_the_scored_form(study_data
     assert refs[0] == format_program(first.code) and len(refs) == len(mbpp.sources())
     calls = ToolsEnv(study_data).reference_actions()
     assert calls and all(c.endswith(")") for c in calls)
+
+
+def test_the_environments_caps_are_the_ones_their_data_gives(study_data, smollm_tokenizer):
+    for env in (ToolsEnv(study_data), MbppEnv(study_data)):
+        lengths = [len(smollm_tokenizer.encode(text).ids) for text in env.reference_actions()]
+        derived = data_cap(lengths)
+        print(f"{env.name}: {len(lengths)} references, derived cap {derived}, constant {env.max_new_tokens}")
+        assert env.max_new_tokens == derived
