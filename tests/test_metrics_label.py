@@ -121,3 +121,31 @@ def test_clean_retry_is_exp_lp_before_by_construction_and_compared_pairwise():
     assert retry["minus"]["after"]["ranking"] == "clean retry repeats more than after"  # both items +: CI > 0
     # seeded runs have no clean retry rows: no entry
     assert "clean_retry" not in summarize(crafted(), seed=0, n_boot=50)["tools"]
+
+
+def test_actions_cut_by_the_harness_are_scored_without_the_end_of_turn_they_never_emitted(tmp_path):
+    # Item 0's attempt ended its turn; item 1's was cut after the action (action_done): its last scored token, the
+    # end-of-turn, is dropped under every condition. Token lps: [action..., end-of-turn].
+    tokens = {"before": [(-3.0, -1.0), (-2.0, -4.0)], "after": [(-1.0, -0.5), (-1.0, -0.5)],
+              "success": [(-1.5, -0.2), (-2.5, -0.1)]}
+    cuts = ["end_of_turn", "action_done"]
+    rows = [ScoreRow(item_id=f"i{i}", env="mbpp", condition=cond, lp=sum(t), n_tokens=2, cand_lp=(sum(t), -9.0),
+                     cand_n_tokens=(2, 3), p_repeat=0.5, p_repeat_norm=0.5, token_lp=t, action_cut=cuts[i],
+                     scored_end_of_turn=True, failure_kind="model")
+            for cond, by_item in tokens.items() for i, t in enumerate(by_item)]
+    summary = summarize(rows, seed=0, n_boot=100)["mbpp"]
+    cut = summary["as_cut"]
+    assert cut["n_cut_before_end_of_turn"] == 1 and cut["n_items"] == 2
+    # G(after): item 0 as scored (-4) - (-1.5) = -2.5 over 2 tokens; item 1 cut: -2 - (-1) = -1 over 1 token
+    assert cut["gain_after"]["mean"] == pytest.approx((-2.5 - 1.0) / 2)
+    assert cut["gain_after_per_token"]["mean"] == pytest.approx((-1.25 - 1.0) / 2)
+    # after - success: item 0 -1.5 - (-1.7) = 0.2; item 1 cut: -1 - (-2.5) = 1.5
+    assert cut["after-success_per_call"]["mean"] == pytest.approx((0.2 + 1.5) / 2)
+    # as scored, the end-of-turn counts: item 1 after - success = -1.5 - (-2.6) = 1.1
+    fs = summary["label"]["label_effect"]["after-success"]["shown"]["per_call"]["mean"]
+    assert fs == pytest.approx((0.2 + 1.1) / 2)
+    assert "as_cut" not in summarize(crafted(), seed=0, n_boot=50)["tools"]  # seeded: nothing was cut
+    from fastscore.study.report import write_report
+
+    text = write_report({"mbpp": summary}, tmp_path, {}).read_text()
+    assert "Scored up to the harness's cut: 1 of 2 of the model's attempts did not end their turn" in text

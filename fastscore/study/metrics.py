@@ -26,7 +26,9 @@ from fastscore.study.conditions import (  # the study's vocabulary, re-exported 
 )
 from fastscore.study.envs import ENVS
 from fastscore.study.metrics_control import by_kind, copy_control, pooled, without_name_typos
-from fastscore.study.metrics_label import clean_retry_contrasts, label_contrasts, saturation_flags
+from fastscore.study.metrics_label import (
+    as_cut_contrasts, clean_retry_contrasts, label_contrasts, saturation_flags,
+)
 from fastscore.study.metrics_power import SATURATED, power_fields
 from fastscore.study.metrics_stats import (  # re-exported: the maths is part of this module's public API
     CI_LEVEL,
@@ -61,7 +63,7 @@ GAIN_METRICS = ("gain", "gain_per_token", "odds_factor", "share_negative")
 BINARY_METRICS = ("greedy_repeat", "greedy_repeat_program", "greedy_repeat_semantic", "greedy_success")
 ROW_METRICS = ("p_repeat", "p_repeat_norm", *BINARY_METRICS, "banned_mass", "p_sample_repeat", "sampled_repeat_rate")
 TABLE_COLUMNS = ("lp", "n_tokens", "correct_lp", "correct_n", "alt_lp", "alt_lp_per_token", "sampled_k",
-                 "sampled_repeat") + ROW_METRICS
+                 "sampled_repeat", "lp_as_cut", "n_as_cut", "cut_before_end_of_turn") + ROW_METRICS
 # Metrics bounded to [0, 1]: at a bound on every item they are saturated, and say so instead of a finding.
 BOUNDED_METRICS = ("p_repeat", "p_repeat_norm", *BINARY_METRICS, "p_sample_repeat", "sampled_repeat_rate")
 
@@ -138,11 +140,26 @@ def _derived(row: ScoreRow, name: str) -> float:
         if not alts:
             return np.nan
         return float(np.mean([lp if name == "alt_lp" else lp / n for lp, n in alts]))
+    if name in ("lp_as_cut", "n_as_cut", "cut_before_end_of_turn"):
+        return _as_cut(row, name)
     if name == "p_sample_repeat":  # P(a temperature-1 sample is the failed action, token for token) = exp(lp)
         return math.exp(row.lp) if row.condition not in GAIN_UNDEFINED else np.nan
     if name == "sampled_repeat_rate":
         return np.nan if not row.sampled_k or row.sampled_repeat is None else row.sampled_repeat / row.sampled_k
     return _as_float(getattr(row, name))
+
+
+def _as_cut(row: ScoreRow, name: str) -> float:
+    """The failed action scored up to the harness's cut: where the model's own attempt was cut after its action
+    (it did not end its turn) the scored end-of-turn token was never emitted, so it is dropped — under every
+    condition alike. Elsewhere the action as scored."""
+    dropped = (row.action_cut not in (None, "end_of_turn") and bool(row.scored_end_of_turn)
+               and row.token_lp is not None and len(row.token_lp) == row.n_tokens and row.n_tokens > 1)
+    if name == "cut_before_end_of_turn":
+        return float(dropped)
+    if name == "n_as_cut":
+        return float(row.n_tokens - dropped)
+    return row.lp - row.token_lp[-1] if dropped else row.lp
 
 
 def _measured(row: ScoreRow) -> bool:
@@ -215,6 +232,7 @@ def _summarize_env(table: EnvTable, seed: int, n_boot: int) -> dict[str, Any]:
         "remedies": _remedies(table, idx),
         "label": label_contrasts(table, idx),
         **({"clean_retry": retry} if (retry := clean_retry_contrasts(table, idx)) else {}),
+        **({"as_cut": cut} if (cut := as_cut_contrasts(table, idx)) else {}),
         "by_kind": by_kind(table, seed, n_boot),
         "without_name_typos": without_name_typos(table, seed, n_boot),
     }

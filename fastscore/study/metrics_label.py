@@ -167,3 +167,26 @@ def tie_verdict(est: dict[str, Any], above: str, below: str) -> str:
     if hi is not None and hi < 0:
         return below
     return "not resolved: the 95% CI includes a tie"
+
+
+def as_cut_contrasts(table: "EnvTable", idx: np.ndarray) -> dict[str, Any]:
+    """G(after) and the failure-specific contrast of the failed action scored up to the harness's cut (the
+    end-of-turn token the model never emitted dropped under every condition), next to the items it changes.
+    Empty for seeded failures (no attempt was cut)."""
+    if not (table.has(REFERENCE) and table.has("after")):
+        return {}
+    cut = table.column(REFERENCE, "cut_before_end_of_turn")
+    if present_count(cut) == 0 or np.nansum(cut) == 0:
+        return {}
+    lp, n = (lambda c: table.column(c, "lp_as_cut")), (lambda c: table.column(c, "n_as_cut"))
+    out: dict[str, Any] = {"n_cut_before_end_of_turn": int(np.nansum(cut)), "n_items": present_count(cut)}
+    gain = lp(REFERENCE) - lp("after")
+    out["gain_after"] = paired_estimate(gain, idx)
+    out["gain_after_per_token"] = paired_estimate(gain / n("after"), idx)
+    a, b = FAILURE_SPECIFIC
+    if table.has(b):
+        for scale in SCALES:
+            diff = lp(a) - lp(b) if scale == "per_call" else (lp(a) - lp(b)) / n(a)
+            if (est := paired_estimate(diff, idx)) is not None:
+                out[f"{contrast_key(a, b)}_{scale}"] = est
+    return {k: v for k, v in out.items() if v is not None}

@@ -92,7 +92,7 @@ def label_section(summary: dict[str, Any]) -> str:
     return "\n\n".join([
         "### Label contrasts: the failure label, separated from copying",
         intro,
-        "- " + failure_vs_success_answer(label, "Failure vs success record"),
+        "- " + failure_vs_success_answer(label, "Failure vs success record") + as_cut_note(summary),
         table(["contrast", "action", "per call (nats)", "per token (nats)"], effects),
         "Lift per record (per token unless named):",
         table(["record", "lift: shown", "lift: correct", "lift: alternative", "lift: shown, per call",
@@ -101,6 +101,19 @@ def label_section(summary: dict[str, Any]) -> str:
         "record's own rate are in the conditions table):",
         table(["contrast", *(REPEAT_NAMES[m] for m in REPEAT_METRICS)], repeats),
     ])
+
+
+def as_cut_note(summary: dict[str, Any]) -> str:
+    """On-policy: the same numbers with the failed action scored up to the harness's cut (no unemitted end-of-turn)."""
+    cut = summary.get("as_cut")
+    if not cut:
+        return ""
+    key = contrast_key(*FAILURE_SPECIFIC)
+    return (f"\n- Scored up to the harness's cut: {cut['n_cut_before_end_of_turn']} of {cut['n_items']} of the model's "
+            "attempts did not end their turn after the action (the harness cut them), so the end-of-turn token scored "
+            "after it was never emitted; without it, under every condition alike, G(after) / token = "
+            f"{power_cell(cut.get('gain_after_per_token'))} and lp(failed | after) - lp(failed | success) = "
+            f"{power_cell(cut.get(key + '_per_call'))} nats per call.")
 
 
 def clean_retry_section(summary: dict[str, Any]) -> str | None:
