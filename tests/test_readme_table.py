@@ -96,3 +96,23 @@ def test_every_claim_finds_its_estimate_in_a_real_summary():
     # These crafted rows record no greedy completion and no sampled retries; every other claim is found.
     assert missing == ["| greedy reproduction of the failed call, after − before",
                        "| clean retry − after: P(T=1 sample = failed), paired"]
+
+
+def test_the_cli_prints_checks_and_writes_the_table(tmp_path):
+    from click.testing import CliRunner
+
+    from fastscore.cli import main as cli
+
+    results = tmp_path / "summary.json"
+    results.write_text(json.dumps(SUMMARY))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{BEGIN}\nold\n{END}\n")
+    runner = CliRunner()
+    printed = runner.invoke(cli, ["study-table", str(results)])
+    assert printed.exit_code == 0 and printed.output.strip() == study_table(SUMMARY).strip()
+    assert runner.invoke(cli, ["study-table", str(results), "--check", str(readme)]).exit_code == 1
+    assert runner.invoke(cli, ["study-table", str(results), "--write", str(readme)]).exit_code == 0
+    checked = runner.invoke(cli, ["study-table", str(results), "--check", str(readme)])
+    assert checked.exit_code == 0 and "matches" in checked.output
+    both = runner.invoke(cli, ["study-table", str(results), "--check", str(readme), "--write", str(readme)])
+    assert both.exit_code != 0 and "exclude each other" in both.output

@@ -4,7 +4,8 @@ Any string shown in the context gets copied: the correct action gains from the f
 all but the edit with the failed one. The part of the inversion that favours the shown string over the correct one is
 the differential copy ΔG = G(failed) - G(correct) (the same under the success and neutral records: copying of the
 shown action, not an effect of the failure label, which fastscore.study.metrics_label isolates), and, token by token,
-G on the failed action's edit against G on the tokens it shares with the correct action. Every number here comes from the stored candidate log-probs; no model is run.
+G on the failed action's edit against G on the tokens it shares with the correct action. Every number here comes
+from the stored candidate log-probs; no model is run.
 """
 
 from __future__ import annotations

@@ -192,30 +192,37 @@ def drifted(results: Path, markdown_path: Path) -> bool:
     return extract_block(Path(markdown_path).read_text(encoding="utf-8")) != generated
 
 
+def run(results: Path, check: Path | None = None, write: Path | None = None) -> tuple[bool, str]:
+    """(ok, text): the table; with `check`, whether the markdown's block matches it; with `write`, the block replaced.
+    The one implementation behind `fastscore study-table` and `python -m fastscore.study.readme_table`."""
+    if check and write:
+        raise DataError("--check and --write exclude each other")
+    generated = study_table(load_summary(results))
+    if check:
+        if drifted(results, check):
+            return False, (f"{check}: the study table differs from {results}; regenerate it with "
+                           f"fastscore study-table {results} --write {check}")
+        return True, f"{check}: the study table matches {results}"
+    if write:
+        Path(write).write_text(replace_block(Path(write).read_text(encoding="utf-8"), generated), encoding="utf-8")
+        return True, f"wrote the study table into {write}"
+    return True, generated
+
+
 def main(argv: list[str]) -> int:
     usage = "usage: python -m fastscore.study.readme_table RESULTS_DIR|summary.json [--check|--write MARKDOWN]"
     if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] not in ("--check", "--write")):
         print(usage, file=sys.stderr)
         return 2
+    target = Path(argv[2]) if len(argv) == 3 else None
     try:
-        generated = study_table(load_summary(Path(argv[0])))
-        if len(argv) == 1:
-            print(generated)
-            return 0
-        target = Path(argv[2])
-        text = target.read_text(encoding="utf-8")
-        if argv[1] == "--check":
-            if extract_block(text) != generated.strip():
-                print(f"{target}: the study table differs from {argv[0]}; regenerate it with "
-                      f"python -m fastscore.study.readme_table {argv[0]} --write {target}", file=sys.stderr)
-                return 1
-            return 0
-        target.write_text(replace_block(text, generated), encoding="utf-8")
-        print(f"wrote the study table into {target}")
-        return 0
+        ok, text = run(Path(argv[0]), check=target if argv[1:2] == ["--check"] else None,
+                       write=target if argv[1:2] == ["--write"] else None)
     except (DataError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    print(text, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
