@@ -188,8 +188,10 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
         _redactions(by_source),
         "## Clean retry\n\nShare of k sampled retries (temperature 1.0, seeded) from the clean context that "
         "reproduce the failed action token for token, next to the exact probability exp(lp) that one temperature-1 "
-        "sample reproduces it under the other harnesses (which k retries estimate). Under seeded failures the failed "
-        "action did not come from the clean context, so clean retry is not applicable there.\n\n"
+        "sample reproduces it under the other harnesses. The clean context is `before`'s, so the retries estimate "
+        "exp(lp(before)) (last column), **by construction**; they add no information beyond it. Which harness repeats "
+        "more is stated in each source's report only where the paired CI excludes the tie. Under seeded failures the "
+        "failed action did not come from the clean context, so clean retry is not applicable there.\n\n"
         + table(["source", "env", "clean retry: sampled share repeating", "after: exp(lp)", "description: exp(lp)",
                  "dont_repeat: exp(lp)", "before: exp(lp) (= clean context)"], retry),
         *_sensitivity_by_source(by_source),
