@@ -149,3 +149,11 @@ def test_actions_cut_by_the_harness_are_scored_without_the_end_of_turn_they_neve
 
     text = write_report({"mbpp": summary}, tmp_path, {}).read_text()
     assert "Scored up to the harness's cut: 1 of 2 of the model's attempts did not end their turn" in text
+
+
+def test_tiny_exact_probabilities_are_values_not_a_saturated_bound():
+    rows = [r for r in crafted() if r.condition in ("before", "after")]
+    tiny = [ScoreRow(**{**r.__dict__, "lp": r.lp - 40.0, "cand_lp": (r.lp - 40.0, *r.cand_lp[1:])}) for r in rows]
+    conds = summarize(tiny, seed=0, n_boot=50)["tools"]["conditions"]
+    assert conds["after"]["p_sample_repeat"]["mean"] < 1e-15
+    assert "saturated" not in conds["after"]["p_sample_repeat"]

@@ -27,7 +27,7 @@ from fastscore.study.conditions import (  # the study's vocabulary, re-exported 
 from fastscore.study.envs import ENVS
 from fastscore.study.metrics_control import by_kind, copy_control, pooled, without_name_typos
 from fastscore.study.metrics_label import (
-    as_cut_contrasts, clean_retry_contrasts, label_contrasts, saturation_flags,
+    SATURABLE, as_cut_contrasts, clean_retry_contrasts, label_contrasts, saturation_flags,
 )
 from fastscore.study.metrics_power import SATURATED, power_fields
 from fastscore.study.metrics_stats import (  # re-exported: the maths is part of this module's public API
@@ -64,8 +64,6 @@ BINARY_METRICS = ("greedy_repeat", "greedy_repeat_program", "greedy_repeat_seman
 ROW_METRICS = ("p_repeat", "p_repeat_norm", *BINARY_METRICS, "banned_mass", "p_sample_repeat", "sampled_repeat_rate")
 TABLE_COLUMNS = ("lp", "n_tokens", "correct_lp", "correct_n", "alt_lp", "alt_lp_per_token", "sampled_k",
                  "sampled_repeat", "lp_as_cut", "n_as_cut", "cut_before_end_of_turn") + ROW_METRICS
-# Metrics bounded to [0, 1]: at a bound on every item they are saturated, and say so instead of a finding.
-BOUNDED_METRICS = ("p_repeat", "p_repeat_norm", *BINARY_METRICS, "p_sample_repeat", "sampled_repeat_rate")
 
 
 def candidate_probabilities(cand_lp: Iterable[float], cand_n_tokens: Iterable[int]) -> tuple[float, float]:
@@ -269,7 +267,7 @@ def _condition_metrics(table: EnvTable, cond: str, idx: np.ndarray) -> dict[str,
             out[name] = bootstrap_ci(values, idx).to_dict()
     if "sampled_repeat_rate" in out:
         out["sampled_repeat_rate"] = sampled_share(table, cond).to_dict()
-    for name, bound in saturation_flags(table, cond, BOUNDED_METRICS).items():
+    for name, bound in saturation_flags(table, cond, SATURABLE).items():
         if name in out:
             out[name]["saturated"] = f"{SATURATED} (every item at the {bound} bound)"
     if missing:

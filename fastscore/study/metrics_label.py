@@ -42,6 +42,10 @@ FAILURE_SPECIFIC = ("after", "success")
 LABEL_CONTRASTS = (FAILURE_SPECIFIC, ("after", "neutral"), ("success", "neutral"), ("dont_repeat", "after"))
 REPEAT_METRICS = ("p_repeat", "p_sample_repeat", "greedy_repeat_semantic", "greedy_repeat")
 SCALES = ("per_call", "per_token")
+# Shares and probabilities over a small set that sit at 0 or 1 on every item measure nothing at this n (saturated).
+# Not exp(lp): an exact probability of 1e-12 is a value, not a bound reached.
+SATURABLE = ("p_repeat", "p_repeat_norm", "greedy_repeat", "greedy_repeat_program", "greedy_repeat_semantic",
+             "greedy_success", "sampled_repeat_rate")
 
 
 def contrast_key(a: str, b: str) -> str:
@@ -108,7 +112,7 @@ def label_contrasts(table: "EnvTable", idx: np.ndarray) -> dict[str, Any]:
             est = paired_estimate(diff, idx)
             if est is not None:
                 both = {saturation(table.column(a, metric)), saturation(table.column(b, metric))}
-                if len(both) == 1 and None not in both:  # both records at the same bound on every item
+                if metric in SATURABLE and len(both) == 1 and None not in both:  # both records at the same bound on every item
                     est["saturated"] = f"{SATURATED} (both records at the {both.pop()} bound on every item)"
                 repeats[metric] = est
         out["repeat_difference"][key] = repeats
