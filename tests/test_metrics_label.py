@@ -157,3 +157,13 @@ def test_tiny_exact_probabilities_are_values_not_a_saturated_bound():
     conds = summarize(tiny, seed=0, n_boot=50)["tools"]["conditions"]
     assert conds["after"]["p_sample_repeat"]["mean"] < 1e-15
     assert "saturated" not in conds["after"]["p_sample_repeat"]
+
+
+def test_showing_the_action_is_contrasted_with_describing_it():
+    rows = crafted() + [ScoreRow(item_id=f"i{i}", env="tools", condition="description", lp=lp, n_tokens=2,
+                                 cand_lp=(lp, -5.0, -20.0, -30.0), cand_n_tokens=(2, 3, 4, 5), p_repeat=0.1,
+                                 p_repeat_norm=0.1) for i, lp in enumerate([-11.0, -12.0, -10.0])]
+    label = summarize(rows, seed=0, n_boot=100)["tools"]["label"]
+    # neutral [-6, -10, -6] - description [-11, -12, -10] = [5, 2, 4]
+    assert label["label_effect"]["neutral-description"]["shown"]["per_call"]["mean"] == pytest.approx(11 / 3)
+    assert "description" not in label["differential_copy"]  # it shows no action to copy

@@ -316,7 +316,8 @@ def _decomposition(table: EnvTable, idx: np.ndarray) -> dict[str, Any]:
         g_after, g_neutral = _masked(table.gain("after"), mask), _masked(table.gain("neutral"), mask)
         out["gain_after"] = bootstrap_ci(g_after, idx).to_dict()
         out["surface"] = bootstrap_ci(g_neutral, idx).to_dict()
-        out["semantic_vs_neutral"] = bootstrap_ci(g_after - g_neutral, idx).to_dict()
+        out["semantic_vs_neutral"] = {**bootstrap_ci(g_after - g_neutral, idx).to_dict(),
+                                      **power_fields(g_after - g_neutral)}
         share = _ratio_or_reason(g_neutral, g_after, idx)
         if isinstance(share, str):
             missing["surface_share"] = share
@@ -330,7 +331,8 @@ def _decomposition(table: EnvTable, idx: np.ndarray) -> dict[str, Any]:
     if mask.any():
         g_after, g_success = _masked(table.gain("after"), mask), _masked(table.gain("success"), mask)
         out["gain_after_success_set"] = bootstrap_ci(g_after, idx).to_dict()
-        out["semantic_vs_success"] = bootstrap_ci(g_after - g_success, idx).to_dict()
+        out["semantic_vs_success"] = {**bootstrap_ci(g_after - g_success, idx).to_dict(),
+                                      **power_fields(g_after - g_success)}
     else:
         missing["gain_after_success_set"] = missing["semantic_vs_success"] = f"no {who}"
     if missing:

@@ -39,7 +39,8 @@ ACTIONS = ("shown", "correct", "alternative")
 COPY_RECORD = "neutral"
 # (a, b): lp(action | a) - lp(action | b). The first isolates the failure label (failure-specific).
 FAILURE_SPECIFIC = ("after", "success")
-LABEL_CONTRASTS = (FAILURE_SPECIFIC, ("after", "neutral"), ("success", "neutral"), ("dont_repeat", "after"))
+LABEL_CONTRASTS = (FAILURE_SPECIFIC, ("after", "neutral"), ("success", "neutral"), ("dont_repeat", "after"),
+                   ("neutral", "description"))  # the last: a record that shows the action vs one that describes it
 REPEAT_METRICS = ("p_repeat", "p_sample_repeat", "greedy_repeat_semantic", "greedy_repeat")
 SCALES = ("per_call", "per_token")
 # Shares and probabilities over a small set that sit at 0 or 1 on every item measure nothing at this n (saturated).

@@ -15,6 +15,7 @@ CONTRAST_NAMES = {
     "after-neutral": "failure label vs no label: after - neutral",
     "success-neutral": "success label vs no label: success - neutral",
     "dont_repeat-after": "instruction: dont_repeat - after",
+    "neutral-description": "showing the action: neutral - description",
 }
 REPEAT_NAMES = {"p_repeat": "P(repeat) over the candidate set",
                 "p_sample_repeat": "P(T=1 sample = shown action) = exp(lp)",
