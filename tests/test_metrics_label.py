@@ -98,15 +98,16 @@ def test_saturated_metrics_say_so():
     assert "saturated" not in repeats["after-success"]["greedy_repeat"]
 
 
-def test_ties_are_never_ranked():
-    assert tie_verdict({"lo": -0.1, "hi": 0.2}, "up", "down").startswith("not resolved")
-    assert tie_verdict({"lo": 0.1, "hi": 0.2}, "up", "down") == "up"
-    assert tie_verdict({"lo": -0.3, "hi": -0.2}, "up", "down") == "down"
-    assert tie_verdict({"lo": None, "hi": None}, "up", "down").startswith("not resolved")
+def test_ties_and_tiny_samples_are_never_ranked():
+    assert tie_verdict({"lo": -0.1, "hi": 0.2, "n": 9}, "up", "down").startswith("not resolved")
+    assert tie_verdict({"lo": 0.1, "hi": 0.2, "n": 9}, "up", "down") == "up"
+    assert tie_verdict({"lo": -0.3, "hi": -0.2, "n": 9}, "up", "down") == "down"
+    assert tie_verdict({"lo": None, "hi": None, "n": 9}, "up", "down").startswith("not resolved")
+    assert tie_verdict({"lo": 0.1, "hi": 0.2, "n": 4}, "up", "down") == "not resolved: fewer than 5 items"
 
 
 def test_clean_retry_is_exp_lp_before_by_construction_and_compared_pairwise():
-    before, after = [math.log(0.2), math.log(0.4)], [math.log(0.1), math.log(0.1)]
+    before, after = [math.log(0.2), math.log(0.4)] * 3, [math.log(0.1), math.log(0.1)] * 3
     rows = []
     for cond, lps in (("before", before), ("after", after), ("clean_retry", before)):
         for i, lp in enumerate(lps):
@@ -118,7 +119,7 @@ def test_clean_retry_is_exp_lp_before_by_construction_and_compared_pairwise():
     assert retry["p_sample_repeat"]["mean"] == pytest.approx(0.3)
     assert "by construction" in retry["p_sample_repeat"]["note"]
     assert retry["minus"]["after"]["mean"] == pytest.approx(0.2)  # (0.1 + 0.3) / 2
-    assert retry["minus"]["after"]["ranking"] == "clean retry repeats more than after"  # both items +: CI > 0
+    assert retry["minus"]["after"]["ranking"] == "clean retry repeats more than after"  # every item +: CI > 0
     # seeded runs have no clean retry rows: no entry
     assert "clean_retry" not in summarize(crafted(), seed=0, n_boot=50)["tools"]
 
@@ -167,3 +168,19 @@ def test_showing_the_action_is_contrasted_with_describing_it():
     # neutral [-6, -10, -6] - description [-11, -12, -10] = [5, 2, 4]
     assert label["label_effect"]["neutral-description"]["shown"]["per_call"]["mean"] == pytest.approx(11 / 3)
     assert "description" not in label["differential_copy"]  # it shows no action to copy
+
+
+def test_the_failure_vs_success_answer_needs_a_ci_and_enough_items():
+    from fastscore.study.report_label import failure_vs_success_answer
+
+    def label(lo, hi, n):
+        est = {"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "n": n, "mde": 1.5, "n_needed": 40}
+        return {"label_effect": {"after-success": {"shown": {"per_call": est, "per_token": est}}}}
+
+    assert "**yes**" in failure_vs_success_answer(label(0.2, 0.9, 20), "Q")
+    assert "**no**" in failure_vs_success_answer(label(-0.9, -0.2, 20), "Q")
+    tie = failure_vs_success_answer(label(-0.9, 0.2, 20), "Q")
+    assert "cannot answer at this n (the 95% CI includes 0; the smallest effect it would detect" in tie
+    assert "would need n = 40" in tie
+    assert "cannot answer at this n (fewer than 5 items" in failure_vs_success_answer(label(0.2, 0.9, 3), "Q")
+    assert "cannot answer" in failure_vs_success_answer({}, "Q")

@@ -183,3 +183,6 @@ def test_the_cut_rate_of_the_models_attempts_is_reported_per_environment(tmp_pat
     # 6 items + 12 skipped attempts examined (the seeded-candidate reason is not an attempt); 9 cut
     assert "tools: 9 of 18 attempts examined were cut at the token cap (50%, Wilson 95% CI 29-71%)" in text
     assert "Cut rate" not in write_report(summary, tmp_path, {}).read_text()
+    # On policy the rate is given even when no attempt was cut.
+    text = write_report(summary, tmp_path, {"failure_source": "model"}).read_text()
+    assert "tools: 0 of 6 attempts examined were cut at the token cap (0%" in text

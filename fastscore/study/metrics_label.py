@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fastscore.study.conditions import REFERENCE
-from fastscore.study.metrics_power import SATURATED, power_fields, saturation
+from fastscore.study.metrics_power import MIN_ITEMS, SATURATED, power_fields, saturation
 from fastscore.study.metrics_stats import bootstrap_ci, present_count
 
 if TYPE_CHECKING:  # metrics imports this module; the table type is only annotated here
@@ -165,7 +165,9 @@ def clean_retry_contrasts(table: "EnvTable", idx: np.ndarray) -> dict[str, Any]:
 
 
 def tie_verdict(est: dict[str, Any], above: str, below: str) -> str:
-    """`above` / `below` when the CI lies wholly above / below 0, else "not resolved: the 95% CI includes a tie"."""
+    """`above` / `below` when the CI lies wholly above / below 0 over at least MIN_ITEMS items, else why not."""
+    if est.get("n", 0) < MIN_ITEMS:
+        return f"not resolved: fewer than {MIN_ITEMS} items"
     lo, hi = est.get("lo"), est.get("hi")
     if lo is not None and lo > 0:
         return above

@@ -17,6 +17,9 @@ import numpy as np
 ALPHA = 0.05
 POWER = 0.8
 SATURATED = "saturated — not measurable at this n"
+# Below this many items a percentile bootstrap is no interval (two items give at most three resample means), so no
+# direction or ranking is stated from it.
+MIN_ITEMS = 5
 
 
 def power_multiplier(alpha: float = ALPHA, power: float = POWER) -> float:
@@ -65,8 +68,9 @@ def power_fields(diff: np.ndarray, alpha: float = ALPHA, power: float = POWER) -
     return out
 
 
-def saturation(values: np.ndarray, lo: float = 0.0, hi: float = 1.0, tol: float = 1e-6) -> str | None:
-    """"upper" / "lower" when every present value sits at that bound (within tol), else None.
+def saturation(values: np.ndarray, lo: float = 0.0, hi: float = 1.0, tol: float = 5e-4) -> str | None:
+    """"upper" / "lower" when every present value sits at that bound (within tol: it prints as 0.000 / 1.000), else
+    None.
 
     A share that is 0/n or n/n, or a probability that is 1 on every item, measures nothing about a difference at
     this n: its CI is set by n alone.

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fastscore.errors import DataError
+from fastscore.study.metrics_power import MIN_ITEMS
 from fastscore.study.report_control import cell, table
 
 BEGIN = "<!-- study-table:begin -->"
@@ -36,8 +37,7 @@ SOURCES = ("seeded", "model")
 NOT_SCOPES = ("pooled", "failure_prior")
 REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable"
 EQUIVALENCE_SHARE = 0.25  # an "≈ 0" share claim holds when the whole CI lies within ±25 percentage points
-# Fewer items and a percentile bootstrap is no interval (two items give two values): no verdict below this n.
-MIN_N = 5
+MIN_N = MIN_ITEMS  # below it a percentile bootstrap is no interval: no verdict
 
 Getter = Callable[[dict[str, Any]], dict[str, Any] | None]
 

@@ -87,7 +87,7 @@ def write_report(summary: dict[str, Any], out_dir: Path, meta: dict[str, Any]) -
         *([versions_markdown(meta["provenance"])] if "provenance" in meta else []),
         _stage_timings(meta.get("stage_seconds") or {}, meta.get("stage_tokens") or {}),
         _items(envs, meta.get("skipped") or {}) + redaction_note(envs, meta.get("failure_source"))
-        + cut_rate_note(envs, meta.get("skipped") or {}),
+        + cut_rate_note(envs, meta.get("skipped") or {}, meta.get("failure_source")),
         *([pooled_section(summary[POOLED])] if POOLED in summary else []),
         *filter(None, [sensitivity_section(summary)]),
     ]

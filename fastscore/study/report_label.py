@@ -51,7 +51,8 @@ def failure_vs_success_answer(label: dict[str, Any], where: str) -> str:
             f"token — ")
     if verdict.startswith("not resolved"):
         mde = call.get("mde")
-        text += ("the data cannot answer at this n (the 95% CI includes 0"
+        why = "the 95% CI includes 0" if "tie" in verdict else verdict.split(": ", 1)[1]
+        text += (f"the data cannot answer at this n ({why}"
                  + (f"; the smallest effect it would detect with 80% power is {num(mde)} nats per call" if mde
                     else "") + (f"; the observed effect would need n = {call['n_needed']}" if "n_needed" in call
                                 else "") + ").")
@@ -149,7 +150,7 @@ def env_label_headline(s: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def cut_rate_note(envs: dict[str, Any], skipped: dict[str, dict[str, int]]) -> str:
+def cut_rate_note(envs: dict[str, Any], skipped: dict[str, dict[str, int]], failure_source: str | None) -> str:
     """Per environment, the model's own attempts cut at the token cap among those examined (on-policy runs only):
     a cut attempt is skipped, so a high rate means the items are the short attempts."""
     from fastscore.mathops import wilson_interval
@@ -159,10 +160,12 @@ def cut_rate_note(envs: dict[str, Any], skipped: dict[str, dict[str, int]]) -> s
     for env in list(envs) + [e for e in skipped if e not in envs]:
         reasons = skipped.get(env) or {}
         attempts = sum(n for reason, n in reasons.items() if reason.startswith(ATTEMPT_REASONS))
-        if not attempts:
+        if not attempts and failure_source != "model":
             continue
         examined = attempts + int((envs.get(env) or {}).get("n_items", 0))
         cut = reasons.get(CUT_AT_CAP, 0)
+        if not examined:
+            continue
         lo, hi = wilson_interval(cut, examined)
         lines.append(f"{env}: {cut} of {examined} attempts examined were cut at the token cap "
                      f"({100 * cut / examined:.0f}%, Wilson 95% CI {100 * lo:.0f}-{100 * hi:.0f}%)")
