@@ -68,9 +68,9 @@ def _repeat_rise(metric: str) -> Getter:
         before, after = _path("conditions", "before", metric)(s), _path("conditions", "after", metric)(s)
         if before is None or after is None:
             return None
-        if before.get("saturated") and after.get("saturated"):
+        if before.get("saturated") or after.get("saturated"):  # a side at its bound on every item: no finding
             return {"mean": after["mean"] - before["mean"], "lo": None, "hi": None, "n": min(after["n"], before["n"]),
-                    "saturated": "before and after"}
+                    "saturated": "before or after", "note": f"{cell(before)} -> {cell(after)}"}
         if after.get("lo") is None or before.get("lo") is None:
             return None
         return {"mean": after["mean"] - before["mean"], "lo": after["lo"] - before["hi"],
