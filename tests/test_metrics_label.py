@@ -72,7 +72,10 @@ def test_power_fields_are_the_hand_computed_mde_and_n_needed():
     z = 1.959964 + 0.841621
     assert power_multiplier() == pytest.approx(z, abs=1e-5)
     assert fs["per_call"]["mde"] == pytest.approx(z * 2 / 3, rel=1e-5)
-    assert fs["per_call"]["n_needed"] == math.ceil((z * math.sqrt(4 / 3) / (5 / 3)) ** 2) == 4
+    assert math.ceil((z * math.sqrt(4 / 3) / (5 / 3)) ** 2) == 4
+    assert fs["per_call"]["n_needed"] == 5  # never below the 5 items a direction needs
+    noisy = np.array([1.0, -0.5, 2.0, -1.0, 0.5])  # mean 0.4, sd sqrt(1.425)
+    assert n_needed(noisy) == math.ceil((z * math.sqrt(1.425) / 0.4) ** 2) == 70
     d = np.array([-1.0, -1.0, -3.0, np.nan])
     assert paired_se(d) == pytest.approx(2 / 3)
     assert min_detectable_effect(d) == pytest.approx(z * 2 / 3, rel=1e-5)

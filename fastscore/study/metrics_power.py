@@ -3,7 +3,8 @@
 A paired contrast is a per-item difference d_i (NaN: the item lacks one side). With n items, mean d and standard
 deviation s, the standard error is s / sqrt(n); a two-sided test at level alpha has power `power` against a true mean
 difference of (z_{1-alpha/2} + z_power) * SE (about 2.8 SE at alpha = 0.05, power = 0.8): the minimal detectable
-effect. The n needed to detect the observed mean at that power is ((z_{1-alpha/2} + z_power) * s / |mean d|)^2.
+effect. The n needed to detect the observed mean at that power is ((z_{1-alpha/2} + z_power) * s / |mean d|)^2, and
+at least MIN_ITEMS.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def n_needed(diff: np.ndarray, alpha: float = ALPHA, power: float = POWER) -> in
     sd = float(np.std(d, ddof=1))
     if sd == 0.0:
         return None
-    return max(2, math.ceil((power_multiplier(alpha, power) * sd / abs(float(d.mean()))) ** 2))
+    # Never below MIN_ITEMS: fewer items give no interval the study states a direction from.
+    return max(MIN_ITEMS, math.ceil((power_multiplier(alpha, power) * sd / abs(float(d.mean()))) ** 2))
 
 
 def power_fields(diff: np.ndarray, alpha: float = ALPHA, power: float = POWER) -> dict[str, Any]:
