@@ -109,13 +109,20 @@ def test_clean_retry_under_seeded_failures_is_not_applicable_and_absent_from_the
     assert "clean_retry" not in summary["tools"]["conditions"]
 
 
-def test_the_reading_states_the_failure_specific_part_with_its_ci(backfire):
+def test_the_reading_states_the_differential_copy_and_the_failure_specific_contrast_with_cis(backfire):
     _, summary, _, _, report = backfire
     delta = summary["tools"]["conditions"]["after"]["delta_gain"]
     section = report.read_text().split("## Results: tools")[1]
-    line = next(x for x in section.splitlines() if "failure-specific part" in x)
+    line = next(x for x in section.splitlines() if "differential copy ΔG" in x)
     assert f"{delta['mean']:.3f} nats [{delta['lo']:.3f}, {delta['hi']:.3f}]" in line
     assert "### Copy control" in section and "### Failure kinds" in section
+    # "Failure-specific" names only the contrast that isolates the label: after vs success on the same action.
+    fs = summary["tools"]["label"]["label_effect"]["after-success"]["shown"]["per_call"]
+    answer = next(x for x in section.splitlines() if x.startswith("- Does a failure record make the failed action"))
+    assert f"{fs['mean']:.3f} [{fs['lo']:.3f}, {fs['hi']:.3f}] ({fs['n']})" in answer
+    resolved = fs["lo"] > 0 or fs["hi"] < 0
+    assert ("the data cannot answer at this n" in answer) == (not resolved)
+    assert "### Label contrasts: the failure label, separated from copying" in section
 
 
 def test_report_and_plots_survive_missing_conditions_and_meta(tmp_path):
@@ -165,3 +172,17 @@ def test_clean_retry_share_is_wilson_over_all_samples_and_fixed_cells_are_not_ap
     ban_row = next(line for line in text.splitlines() if line.startswith("| ban |"))
     assert "not applicable (0 by construction)" in ban_row and "0 [0, 0]" not in ban_row
     assert "Greedy exact reproduction after the record:" in text and "(before it: not applicable" in text
+
+
+def test_the_cut_rate_of_the_models_attempts_is_reported_per_environment(tmp_path):
+    from fastscore.study.onpolicy import CUT_AT_CAP
+
+    summary = summarize([r for r in study_rows(shift=2.0, n=6) if r.env == "tools"], seed=0, n_boot=50)
+    skipped = {"tools": {CUT_AT_CAP: 9, "the model's own attempt succeeded": 3, "too few distinct candidates": 4}}
+    text = write_report(summary, tmp_path, {"skipped": skipped}).read_text()
+    # 6 items + 12 skipped attempts examined (the seeded-candidate reason is not an attempt); 9 cut
+    assert "tools: 9 of 18 attempts examined were cut at the token cap (50%, Wilson 95% CI 29-71%)" in text
+    assert "Cut rate" not in write_report(summary, tmp_path, {}).read_text()
+    # On policy the rate is given even when no attempt was cut.
+    text = write_report(summary, tmp_path, {"failure_source": "model"}).read_text()
+    assert "tools: 0 of 6 attempts examined were cut at the token cap (0%" in text

@@ -65,7 +65,7 @@ def test_the_pooled_estimate_has_its_own_line_with_intervals_and_n():
               "delta_gain_per_token": _est(-0.46, -0.63, -0.32, 40), "share_negative": _est(1.0, 0.912, 1.0, 40)}
     lines = headline(_outcome({**SUMMARY, "pooled": pooled}), "seeded")
     assert lines[1] == ("pooled (tools + mbpp): 40 items; G(after) = -1.190 [-1.320, -1.070] (40) nats/token; "
-                        "ΔG = -0.460 [-0.630, -0.320] (40) nats/token; share G<0 = 1.000 [0.912, 1.000] (40) (Wilson)")
+                        "differential copy ΔG = -0.460 [-0.630, -0.320] (40) nats/token; share G<0 = 1.000 [0.912, 1.000] (40) (Wilson)")
     assert not any(line.startswith("pooled") for line in headline(_outcome(), "seeded"))
 
 

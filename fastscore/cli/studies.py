@@ -1,7 +1,9 @@
-"""`study`, `report-html` and `sweep`: the corrective-gain study, its HTML report, and the study over a grid."""
+"""`study`, `report-html`, `study-table` and `sweep`: the corrective-gain study, its HTML report, the paper-vs-study
+table generated from its summary, and the study over a grid."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -130,3 +132,21 @@ def sweep(models, variants, envs, failures, limit, shard_size, out, data, seed, 
         click.echo(f"skipped {model} ({variant}): {reason}")
     click.echo(f"{outcome.n_shards} shards ({outcome.n_resumed} already done) in {outcome.seconds:.0f} s; "
                f"summary in {outcome.out_dir}/summary.md")
+
+
+@main.command("study-table")
+@click.argument("results", type=click.Path(exists=True, path_type=Path))
+@click.option("--check", "check", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Exit 1 if this markdown file's study-table block differs from the generated table.")
+@click.option("--write", "write", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Replace this markdown file's study-table block with the generated table.")
+@friendly
+def study_table(results, check, write) -> None:
+    """Print the paper-vs-study table generated from RESULTS (a study's --out, or its summary.json); the README
+    holds it between <!-- study-table:begin --> and <!-- study-table:end -->."""
+    from fastscore.study.readme_table import run
+
+    ok, text = run(results, check=check, write=write)
+    click.echo(text, err=not ok)
+    if not ok:
+        sys.exit(1)

@@ -26,6 +26,10 @@ from fastscore.study.conditions import (  # the study's vocabulary, re-exported 
 )
 from fastscore.study.envs import ENVS
 from fastscore.study.metrics_control import by_kind, copy_control, pooled, without_name_typos
+from fastscore.study.metrics_label import (
+    SATURABLE, as_cut_contrasts, clean_retry_contrasts, label_contrasts, saturation_flags,
+)
+from fastscore.study.metrics_power import SATURATED, power_fields
 from fastscore.study.metrics_stats import (  # re-exported: the maths is part of this module's public API
     CI_LEVEL,
     Estimate,
@@ -56,8 +60,10 @@ __all__ = [
 
 GAIN_METRICS = ("gain", "gain_per_token", "odds_factor", "share_negative")
 # Per-item 0/1 outcomes: their share gets a Wilson interval, never a percentile bootstrap (which collapses at 0 and 1).
-BINARY_METRICS = ("greedy_repeat", "greedy_repeat_program", "greedy_success")
+BINARY_METRICS = ("greedy_repeat", "greedy_repeat_program", "greedy_repeat_semantic", "greedy_success")
 ROW_METRICS = ("p_repeat", "p_repeat_norm", *BINARY_METRICS, "banned_mass", "p_sample_repeat", "sampled_repeat_rate")
+TABLE_COLUMNS = ("lp", "n_tokens", "correct_lp", "correct_n", "alt_lp", "alt_lp_per_token", "sampled_k",
+                 "sampled_repeat", "lp_as_cut", "n_as_cut", "cut_before_end_of_turn") + ROW_METRICS
 
 
 def candidate_probabilities(cand_lp: Iterable[float], cand_n_tokens: Iterable[int]) -> tuple[float, float]:
@@ -127,11 +133,31 @@ def _derived(row: ScoreRow, name: str) -> float:
         return row.cand_lp[1] if len(row.cand_lp) > 1 and math.isfinite(row.cand_lp[1]) else np.nan
     if name == "correct_n":
         return float(row.cand_n_tokens[1]) if len(row.cand_n_tokens) > 1 else np.nan
+    if name in ("alt_lp", "alt_lp_per_token"):  # the other wrong candidates (never shown): their mean
+        alts = [(lp, n) for lp, n in zip(row.cand_lp[2:], row.cand_n_tokens[2:]) if math.isfinite(lp)]
+        if not alts:
+            return np.nan
+        return float(np.mean([lp if name == "alt_lp" else lp / n for lp, n in alts]))
+    if name in ("lp_as_cut", "n_as_cut", "cut_before_end_of_turn"):
+        return _as_cut(row, name)
     if name == "p_sample_repeat":  # P(a temperature-1 sample is the failed action, token for token) = exp(lp)
         return math.exp(row.lp) if row.condition not in GAIN_UNDEFINED else np.nan
     if name == "sampled_repeat_rate":
         return np.nan if not row.sampled_k or row.sampled_repeat is None else row.sampled_repeat / row.sampled_k
     return _as_float(getattr(row, name))
+
+
+def _as_cut(row: ScoreRow, name: str) -> float:
+    """The failed action scored up to the harness's cut: where the model's own attempt was cut after its action
+    (it did not end its turn) the scored end-of-turn token was never emitted, so it is dropped — under every
+    condition alike. Elsewhere the action as scored."""
+    dropped = (row.action_cut not in (None, "end_of_turn") and bool(row.scored_end_of_turn)
+               and row.token_lp is not None and len(row.token_lp) == row.n_tokens and row.n_tokens > 1)
+    if name == "cut_before_end_of_turn":
+        return float(dropped)
+    if name == "n_as_cut":
+        return float(row.n_tokens - dropped)
+    return row.lp - row.token_lp[-1] if dropped else row.lp
 
 
 def _measured(row: ScoreRow) -> bool:
@@ -162,8 +188,7 @@ def build_tables(rows: Iterable[ScoreRow]) -> dict[str, EnvTable]:
             members = [(pos[item], row) for (item, c), row in cell.items() if c == cond]
             if not members:
                 continue
-            cols = {name: np.full(len(ids), np.nan) for name in ("lp", "n_tokens", "correct_lp", "correct_n",
-                                                                 "sampled_k", "sampled_repeat") + ROW_METRICS}
+            cols = {name: np.full(len(ids), np.nan) for name in TABLE_COLUMNS}
             toks: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(ids)
             for i, row in members:
                 for name in cols:
@@ -203,6 +228,9 @@ def _summarize_env(table: EnvTable, seed: int, n_boot: int) -> dict[str, Any]:
         "conditions": {c: _condition_metrics(table, c, idx) for c in CONDITIONS if table.has(c)},
         "decomposition": _decomposition(table, idx),
         "remedies": _remedies(table, idx),
+        "label": label_contrasts(table, idx),
+        **({"clean_retry": retry} if (retry := clean_retry_contrasts(table, idx)) else {}),
+        **({"as_cut": cut} if (cut := as_cut_contrasts(table, idx)) else {}),
         "by_kind": by_kind(table, seed, n_boot),
         "without_name_typos": without_name_typos(table, seed, n_boot),
     }
@@ -222,9 +250,10 @@ def _condition_metrics(table: EnvTable, cond: str, idx: np.ndarray) -> dict[str,
         if present_count(gain) == 0:
             missing.update(dict.fromkeys(GAIN_METRICS, f"no item has both {REFERENCE!r} and {cond!r}"))
         else:
-            per_token = bootstrap_ci(gain / table.column(cond, "n_tokens"), idx)
-            out["gain"] = bootstrap_ci(gain, idx).to_dict()
-            out["gain_per_token"] = per_token.to_dict()
+            per_token_values = gain / table.column(cond, "n_tokens")
+            per_token = bootstrap_ci(per_token_values, idx)
+            out["gain"] = {**bootstrap_ci(gain, idx).to_dict(), **power_fields(gain)}
+            out["gain_per_token"] = {**per_token.to_dict(), **power_fields(per_token_values)}
             out["odds_factor"] = odds_factor(per_token).to_dict()
             out["share_negative"] = wilson_ci(np.where(np.isnan(gain), np.nan, gain < 0)).to_dict()
             out.update(copy_control(table, cond, idx))
@@ -238,6 +267,9 @@ def _condition_metrics(table: EnvTable, cond: str, idx: np.ndarray) -> dict[str,
             out[name] = bootstrap_ci(values, idx).to_dict()
     if "sampled_repeat_rate" in out:
         out["sampled_repeat_rate"] = sampled_share(table, cond).to_dict()
+    for name, bound in saturation_flags(table, cond, SATURABLE).items():
+        if name in out:
+            out[name]["saturated"] = f"{SATURATED} (every item at the {bound} bound)"
     if missing:
         out["not_applicable"] = missing
     return out
@@ -284,7 +316,8 @@ def _decomposition(table: EnvTable, idx: np.ndarray) -> dict[str, Any]:
         g_after, g_neutral = _masked(table.gain("after"), mask), _masked(table.gain("neutral"), mask)
         out["gain_after"] = bootstrap_ci(g_after, idx).to_dict()
         out["surface"] = bootstrap_ci(g_neutral, idx).to_dict()
-        out["semantic_vs_neutral"] = bootstrap_ci(g_after - g_neutral, idx).to_dict()
+        out["semantic_vs_neutral"] = {**bootstrap_ci(g_after - g_neutral, idx).to_dict(),
+                                      **power_fields(g_after - g_neutral)}
         share = _ratio_or_reason(g_neutral, g_after, idx)
         if isinstance(share, str):
             missing["surface_share"] = share
@@ -298,7 +331,8 @@ def _decomposition(table: EnvTable, idx: np.ndarray) -> dict[str, Any]:
     if mask.any():
         g_after, g_success = _masked(table.gain("after"), mask), _masked(table.gain("success"), mask)
         out["gain_after_success_set"] = bootstrap_ci(g_after, idx).to_dict()
-        out["semantic_vs_success"] = bootstrap_ci(g_after - g_success, idx).to_dict()
+        out["semantic_vs_success"] = {**bootstrap_ci(g_after - g_success, idx).to_dict(),
+                                      **power_fields(g_after - g_success)}
     else:
         missing["gain_after_success_set"] = missing["semantic_vs_success"] = f"no {who}"
     if missing:

@@ -1,9 +1,11 @@
 """The copy control and the breakdowns of the headline: per failure kind, without name typos, pooled over envs.
 
 Any string shown in the context gets copied: the correct action gains from the failure record too, because it shares
-all but the edit with the failed one. The part of the inversion specific to the failed action is the differential
-ΔG = G(failed) - G(correct), and, token by token, G on the failed action's edit against G on the tokens it shares
-with the correct action. Every number here comes from the stored candidate log-probs; no model is run.
+all but the edit with the failed one. The part of the inversion that favours the shown string over the correct one is
+the differential copy ΔG = G(failed) - G(correct) (the same under the success and neutral records: copying of the
+shown action, not an effect of the failure label, which fastscore.study.metrics_label isolates), and, token by token,
+G on the failed action's edit against G on the tokens it shares with the correct action. Every number here comes
+from the stored candidate log-probs; no model is run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fastscore.study.conditions import REFERENCE
+from fastscore.study.metrics_label import label_headline
+from fastscore.study.metrics_power import power_fields
 from fastscore.study.metrics_stats import bootstrap_ci, present_count, resample_indices, wilson_ci
 
 if TYPE_CHECKING:  # metrics imports this module; the table type is only annotated here
@@ -54,8 +58,9 @@ def copy_control(table: "EnvTable", cond: str, idx: np.ndarray) -> dict[str, Any
     out["gain_correct"] = bootstrap_ci(g_correct, idx).to_dict()
     out["gain_correct_per_token"] = bootstrap_ci(per_correct, idx).to_dict()
     delta = g_failed - g_correct
-    out["delta_gain"] = bootstrap_ci(delta, idx).to_dict()
-    out["delta_gain_per_token"] = bootstrap_ci(per_failed - per_correct, idx).to_dict()
+    out["delta_gain"] = {**bootstrap_ci(delta, idx).to_dict(), **power_fields(delta)}
+    out["delta_gain_per_token"] = {**bootstrap_ci(per_failed - per_correct, idx).to_dict(),
+                                   **power_fields(per_failed - per_correct)}
     out["share_delta_negative"] = wilson_ci(np.where(np.isnan(delta), np.nan, delta < 0)).to_dict()
     shared, edited = token_split(table, cond)
     if present_count(shared):
@@ -76,6 +81,9 @@ def headline(table: "EnvTable", idx: np.ndarray) -> dict[str, Any]:
     out["gain_per_token"] = bootstrap_ci(gain / table.column(cond, "n_tokens"), idx).to_dict()
     out["share_negative"] = wilson_ci(np.where(np.isnan(gain), np.nan, gain < 0)).to_dict()
     out.update(copy_control(table, cond, idx))
+    label = label_headline(table, idx)
+    if label:
+        out["label"] = label
     for name, binary in (("p_repeat", False), ("greedy_repeat", True)):
         for which in (REFERENCE, cond):
             values = table.column(which, name)

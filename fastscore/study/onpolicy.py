@@ -26,6 +26,8 @@ ATTEMPTS_PER_CALL = 64
 # mostly cut off or unfinished) would otherwise decode its way through the whole data set for a limit of 20.
 EXAMINED_PER_ITEM = 4
 MIN_EXAMINED = 16  # ... and at least this many, however small the limit
+CUT_AT_CAP = "the model's attempt was cut off at the token cap"  # the skip reason the report's cut rate counts
+ATTEMPT_REASONS = ("the model's", "no item from the model's attempt")  # skip reasons of an examined attempt
 
 
 def attempt_record(result: GreedyResult) -> dict[str, Any]:
@@ -132,7 +134,7 @@ class ModelFailureBuilder:
                 continue
             if not self.env.finished_action(text, attempt.stopped_by):
                 # Not a finished action: it would be scored with an end-of-turn token the model never emitted.
-                skipped.append(Skipped(self.name, item.source_id, "the model's attempt was cut off at the token cap"))
+                skipped.append(Skipped(self.name, item.source_id, CUT_AT_CAP))
                 yield None
                 continue
             outcome = self.env.evaluate(item.source_id, text)

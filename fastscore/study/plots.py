@@ -168,7 +168,7 @@ def _copy_figure(plt: Any, tables: dict, summary: dict, envs: list[str]) -> Any:
         ax.axhline(0.0, color="black", lw=0.8, ls="--")
         ax.axvline(0.0, color="black", lw=0.8, ls="--")
         delta = summary[env]["conditions"].get("after", {}).get("delta_gain_per_token")
-        label = "" if delta is None else f"\nΔG/token {delta['mean']:.2f} [{_ci_text(delta)}]"
+        label = "" if delta is None else f"\ndifferential copy ΔG/token {delta['mean']:.2f} [{_ci_text(delta)}]"
         ax.set_title(f"{env} (n={int(both.sum())}){label}", fontsize=10)
         ax.set_xlabel("G(correct action) / token  [nats]")
         ax.set_ylabel("G(failed action) / token  [nats]")

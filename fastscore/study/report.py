@@ -20,6 +20,7 @@ from fastscore.study.report_control import copy_control_section, delta_reading, 
 from fastscore.study.report_control import pooled_line, seeded_mix_text
 from fastscore.study.report_control import num as _num
 from fastscore.study.report_control import table as _table
+from fastscore.study.report_label import clean_retry_section, cut_rate_note, failure_vs_success_answer, label_section
 from fastscore.study.report_sensitivity import sensitivity_section
 from fastscore.study.redactions import redaction_note
 from fastscore.study.envs import env_class
@@ -39,6 +40,7 @@ CONDITION_COLUMNS = (
     ("p_repeat_norm", "P(repeat), per-token norm."),
     ("greedy_repeat", "greedy repro, token for token"),
     ("greedy_repeat_program", "greedy repro, env's match"),
+    ("greedy_repeat_semantic", "greedy repeat, semantic"),
     ("greedy_success", "greedy success"),
     ("banned_mass", "banned mass"),
     ("p_sample_repeat", "P(T=1 sample = failed) = exp(lp)"),
@@ -51,7 +53,7 @@ BY_CONSTRUCTION = {
 }
 BY_CONSTRUCTION_MODEL = {
     **{(c, k): "the model's own attempt: by construction" for c in ("before", "clean_retry")
-       for k in ("greedy_repeat", "greedy_repeat_program", "greedy_success")},
+       for k in ("greedy_repeat", "greedy_repeat_program", "greedy_repeat_semantic", "greedy_success")},
     ("clean_retry", "p_repeat"): "= before's by construction", ("clean_retry", "p_repeat_norm"): "= before's",
     ("clean_retry", "p_sample_repeat"): "= before's by construction",
 }
@@ -84,7 +86,8 @@ def write_report(summary: dict[str, Any], out_dir: Path, meta: dict[str, Any]) -
         _run_parameters(meta),
         *([versions_markdown(meta["provenance"])] if "provenance" in meta else []),
         _stage_timings(meta.get("stage_seconds") or {}, meta.get("stage_tokens") or {}),
-        _items(envs, meta.get("skipped") or {}) + redaction_note(envs, meta.get("failure_source")),
+        _items(envs, meta.get("skipped") or {}) + redaction_note(envs, meta.get("failure_source"))
+        + cut_rate_note(envs, meta.get("skipped") or {}, meta.get("failure_source")),
         *([pooled_section(summary[POOLED])] if POOLED in summary else []),
         *filter(None, [sensitivity_section(summary)]),
     ]
@@ -277,16 +280,14 @@ def _reading(summary: dict[str, Any], marks: dict[tuple[str, str], str]) -> str:
                  for r, s in shares.items()]
         best = f"; the largest is {max(shares, key=lambda r: shares[r]['mean'])}"
         lines.append("Share of the inversion removed: " + ", ".join(parts) + best + ".")
-    clean = conds.get("clean_retry", {}).get("sampled_repeat_rate")
-    if clean is not None:
-        others = {c: conds[c]["p_sample_repeat"]["mean"] for c in ("after", "description", "dont_repeat")
-                  if "p_sample_repeat" in conds.get(c, {})}
-        worse = [c for c, v in others.items() if v > clean["mean"]]
-        lines.append(f"Clean retry: {_cell(clean)} of sampled retries from the clean context repeat the failed "
-                     f"action; a temperature-1 sample repeats it with probability "
-                     + ", ".join(f"{_num(v)} under {c}" for c, v in others.items())
-                     + (f" — clean retry is {'not ' if worse else ''}the worst of these harnesses for repetition."
-                        if others else "."))
+    retry = summary.get("clean_retry")
+    if retry:
+        rankings = [f"vs {c}: {est['ranking']}" for c, est in retry.get("minus", {}).items()]
+        lines.append(f"Clean retry: a temperature-1 sample from the clean context repeats the failed action with "
+                     f"probability exp(lp(before)) = {_cell(retry['p_sample_repeat'])} by construction; paired against "
+                     "the harnesses that keep a record: " + ("; ".join(rankings) or "no rival recorded") + ".")
+    lines.append(failure_vs_success_answer(summary.get("label") or {}, "Does a failure record make the failed "
+                                           "action more likely than the same action shown as a success"))
     for cond in GAIN_UNDEFINED:
         if "p_repeat" in conds.get(cond, {}):
             lines.append(f"Under `{cond}` G is not defined; P(repeat) is {_num(conds[cond]['p_repeat']['mean'])}.")
@@ -301,6 +302,8 @@ def _env_section(env: str, summary: dict[str, Any], marks: dict[tuple[str, str],
         "### Reading\n\n" + _reading(summary, marks),
         "### Conditions\n\n" + _condition_table(summary["conditions"], marks),
         copy_control_section(summary["conditions"]),
+        label_section(summary),
+        *filter(None, [clean_retry_section(summary)]),
         kinds_section(summary),
         "### Decomposition\n\n" + _decomposition_table(summary["decomposition"]),
         "### Remedies\n\n" + _remedy_table(summary["remedies"], summary["conditions"]),
@@ -382,7 +385,10 @@ def headline(outcome, failure_source: str | None = None) -> list[str]:
             parts.append(f"G(after) = {_cell(after['gain'])} nats, {_cell(after.get('gain_per_token'))} nats/token")
             parts.append(f"share G<0 = {_cell(after.get('share_negative'))} (Wilson)")
             if "delta_gain" in after:
-                parts.append(f"ΔG = G(failed) - G(correct) = {_cell(after['delta_gain'])} nats")
+                parts.append(f"differential copy ΔG = G(failed) - G(correct) = {_cell(after['delta_gain'])} nats")
+            fs = (s.get("label") or {}).get("label_effect", {}).get("after-success", {}).get("shown", {})
+            if "per_call" in fs:
+                parts.append(f"failure-specific lp(after) - lp(success) = {_cell(fs['per_call'])} nats")
         for key, label in (("p_repeat", "P(repeat)"), ("greedy_repeat", "greedy repro (Wilson)")):
             if key in before and key in after:
                 # Under the model's own failures the failed action IS the greedy completion of `before`.

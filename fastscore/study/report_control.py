@@ -7,6 +7,7 @@ from typing import Any
 from fastscore.study.conditions import GAIN_CONDITIONS
 from fastscore.study.envs import seeded_mix_rules
 from fastscore.study.metrics_control import NAME_TYPOS
+from fastscore.study.metrics_power import SATURATED
 
 
 def num(x: float) -> str:
@@ -20,6 +21,8 @@ def cell(entry: dict[str, Any] | None, reason: str | None = None) -> str:
         return f"n/a ({reason})" if reason else "n/a"
     ci = "[n/a]" if entry.get("lo") is None else f"[{num(entry['lo'])}, {num(entry['hi'])}]"
     flag = " ⚠" if entry.get("unstable") else ""
+    if entry.get("saturated"):  # at its bound on every item: the CI is set by n alone, no finding
+        return f"{SATURATED}: {num(entry['mean'])} ({entry['n']})"
     return f"{num(entry['mean'])} {ci} ({entry['n']}){flag}"
 
 
@@ -51,7 +54,9 @@ COPY_COLUMNS = (
 def copy_control_section(conditions: dict[str, Any]) -> str:
     rows = [[c] + [cell(conditions[c].get(k)) for k, _ in COPY_COLUMNS] for c in GAIN_CONDITIONS if c in conditions]
     intro = ("Any string shown in the context gets copied, so the correct action (candidate 1) is scored in the same "
-             "contexts as a control. ΔG is the part of the inversion specific to the failed action; the last two "
+             "contexts as a control. ΔG (the differential copy) is how much more the shown string gains than the "
+             "correct one; it is the same under the success and neutral records, so it is copying, not an effect of "
+             "the failure label (see the label contrasts); the last two "
              "columns split the failed action's per-token G into the tokens it shares with the correct action "
              "(copying) and its edited tokens (the error itself). All from the stored candidate log-probs; "
              "percentile-bootstrap CIs over items, Wilson for the share.")
@@ -60,7 +65,7 @@ def copy_control_section(conditions: dict[str, Any]) -> str:
 
 
 def delta_reading(after: dict[str, Any]) -> str | None:
-    """The Reading's sentence on the failure-specific part, with its CI."""
+    """The Reading's sentence on the differential copy ΔG, with its CI (copying, not the failure label)."""
     delta = after.get("delta_gain")
     if delta is None:
         return None
@@ -71,7 +76,8 @@ def delta_reading(after: dict[str, Any]) -> str | None:
     else:
         what = "not negative: the record raised the correct action at least as much as the failed one"
     sign = "its 95% CI excludes 0" if resolved else "its 95% CI includes 0, so its sign is not resolved"
-    text = (f"The failure-specific part ΔG = G(failed) - G(correct) is {num(delta['mean'])} nats "
+    text = (f"The differential copy ΔG = G(failed) - G(correct) (copying of the shown string over the correct one, "
+            f"under any label; the failure label's own effect is in the label contrasts) is {num(delta['mean'])} nats "
             f"[{num(lo) if lo is not None else 'n/a'}, {num(hi) if hi is not None else 'n/a'}] (n={delta['n']}), "
             f"{what} ({sign}); G(correct) = {num(after['gain_correct']['mean'])} nats is the copying any shown "
             f"string gets.")
@@ -82,12 +88,15 @@ def delta_reading(after: dict[str, Any]) -> str | None:
 
 
 def headline_row(label: str, h: dict[str, Any]) -> list[str]:
+    from fastscore.study.report_label import kind_label_cell  # it renders with this module's cells
+
     return [label, str(h.get("n_items", 0)), cell(h.get("gain_per_token")), cell(h.get("delta_gain_per_token")),
-            cell(h.get("share_negative")), cell(h.get("p_repeat_before")), cell(h.get("p_repeat_after")),
-            cell(h.get("greedy_repeat_before")), cell(h.get("greedy_repeat_after"))]
+            kind_label_cell(h), cell(h.get("share_negative")), cell(h.get("p_repeat_before")),
+            cell(h.get("p_repeat_after")), cell(h.get("greedy_repeat_before")), cell(h.get("greedy_repeat_after"))]
 
 
-HEADLINE_HEADER = ["items", "n", "G(after) / token", "ΔG / token", "share G < 0", "P(repeat) before",
+HEADLINE_HEADER = ["items", "n", "G(after) / token", "differential copy ΔG / token",
+                   "failure-specific lp(after) - lp(success) / token", "share G < 0", "P(repeat) before",
                    "P(repeat) after", "greedy repro before", "greedy repro after"]
 
 
@@ -135,7 +144,7 @@ def pooled_line(pooled: dict[str, Any]) -> str:
     """The terminal's line for the estimate pooled over environments (next to the per-environment lines)."""
     return (f"pooled ({' + '.join(pooled.get('envs', []))}): {pooled.get('n_items', 0)} items; "
             f"G(after) = {cell(pooled.get('gain_per_token'))} nats/token; "
-            f"ΔG = {cell(pooled.get('delta_gain_per_token'))} nats/token; "
+            f"differential copy ΔG = {cell(pooled.get('delta_gain_per_token'))} nats/token; "
             f"share G<0 = {cell(pooled.get('share_negative'))} (Wilson)")
 
 
@@ -179,8 +188,10 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
         _redactions(by_source),
         "## Clean retry\n\nShare of k sampled retries (temperature 1.0, seeded) from the clean context that "
         "reproduce the failed action token for token, next to the exact probability exp(lp) that one temperature-1 "
-        "sample reproduces it under the other harnesses (which k retries estimate). Under seeded failures the failed "
-        "action did not come from the clean context, so clean retry is not applicable there.\n\n"
+        "sample reproduces it under the other harnesses. The clean context is `before`'s, so the retries estimate "
+        "exp(lp(before)) (last column), **by construction**; they add no information beyond it. Which harness repeats "
+        "more is stated in each source's report only where the paired CI excludes the tie. Under seeded failures the "
+        "failed action did not come from the clean context, so clean retry is not applicable there.\n\n"
         + table(["source", "env", "clean retry: sampled share repeating", "after: exp(lp)", "description: exp(lp)",
                  "dont_repeat: exp(lp)", "before: exp(lp) (= clean context)"], retry),
         *_sensitivity_by_source(by_source),
@@ -213,6 +224,9 @@ def _env_headline(s: dict[str, Any]) -> dict[str, Any]:
     for k in ("gain_per_token", "delta_gain_per_token", "share_negative"):
         if k in after:
             out[k] = after[k]
+    from fastscore.study.report_label import env_label_headline
+
+    out["label"] = env_label_headline(s)
     for k in ("p_repeat", "greedy_repeat"):
         if k in before:
             out[f"{k}_before"] = before[k]

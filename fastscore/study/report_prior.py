@@ -12,7 +12,14 @@ from typing import Any
 from fastscore.study.prior import MIN_ITEMS, MODEL, NOT_APPLICABLE, POOLED, SEEDED
 from fastscore.study.report_control import cell, ci_pct, num, table
 
-HEADING = "## The failure's prior"
+HEADING = "## The failure's prior: a ceiling, not a finding"
+# Why the section is a ceiling: it leads the section, before any number.
+CEILING = (
+    "**This section states a bound, not a finding.** G/token = prior - lp(failed | after)/n and lp <= 0, so G/token "
+    "is never below the failed action's prior per token: an item whose failed action was already likely before the "
+    "record (the model's own attempt) has no room for a large negative G, by construction. The gap between the "
+    "sources is largely that identity; only the adjusted gap below (at equal prior) asks more of the data, and it "
+    "rests on a linear fit.")
 SUMMARY_KEY = "failure_prior"
 # Fewer than this share of a source's items in the common prior range: the adjusted gap is mostly extrapolation.
 THIN_OVERLAP = 1 / 3
@@ -116,7 +123,7 @@ def prior_section(prior: dict[str, Any] | None) -> str | None:
         f"each source ({boot.get('n_boot', '?')} resamples, seed {boot.get('seed', '?')}); a cell with fewer than "
         f"{MIN_ITEMS} items of a source says so.")
     return "\n\n".join([
-        HEADING, intro,
+        HEADING, CEILING, intro,
         table(["scope", "prior bin (nats/token)", "seeded: mean prior", "seeded: G/token", "on-policy: mean prior",
                "on-policy: G/token", "gap: on-policy - seeded"], bins),
         table(["scope", "n (on-policy + seeded)", "seeded: mean prior", "on-policy: mean prior",

@@ -56,6 +56,7 @@ def score_rows(item: Item, lp_record: dict[str, Any], greedy: dict[str, GreedyRe
         if ids is not None and cond not in GAIN_UNDEFINED:
             token_lp, edited = scored["cand_token_lp"][0], edited_tokens(ids[0], ids[1])
         k, repeats = (samples or {}).get(cond, (None, None))
+        attempt = item.meta.get("attempt") if item.failure_kind == "model" else None
         rows.append(ScoreRow(
             item_id=item.item_id, env=item.env, condition=cond, lp=cand_lp[0], n_tokens=n[0], cand_lp=cand_lp,
             cand_n_tokens=n, p_repeat=p, p_repeat_norm=p_norm, greedy=completion.text,
@@ -65,7 +66,10 @@ def score_rows(item: Item, lp_record: dict[str, Any], greedy: dict[str, GreedyRe
             banned_mass=completion.banned_mass if cond == "ban" else None,
             failure_kind=failure_kind(item),
             greedy_repeat_program=env.same_action(completion.text, item.failed_action),
+            greedy_repeat_semantic=env.repeats_failure(item, completion.text),
             greedy_decoded=None if decoded is None else decoded.get(cond, True),
             token_lp=token_lp, token_edited=edited, sampled_k=k, sampled_repeat=repeats,
+            action_cut=None if attempt is None else attempt.get("stopped_by"),
+            scored_end_of_turn=None if ids is None else bool(scored.get("end_of_turn", True)),
         ))
     return rows

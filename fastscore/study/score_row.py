@@ -41,6 +41,14 @@ class ScoreRow:
     token_edited: tuple[bool, ...] | None = None  # per failed-action token: not shared with the correct action
     sampled_k: int | None = None  # sampled retries (temperature 1.0) from this condition's context
     sampled_repeat: int | None = None  # ... that reproduce the failed action token for token
+    # The greedy completion repeats the failed action in meaning (StudyEnv.repeats_failure: tools, the same call after
+    # argument normalisation; MBPP, the same failing test outcome)
+    greedy_repeat_semantic: bool | None = None
+    # On-policy: how the model's own attempt stopped ("end_of_turn", "action_done": the harness cut it after the
+    # action while the model wrote on); None for seeded failures. With `scored_end_of_turn`, it says whether the
+    # end-of-turn token scored after the action is one the model never emitted.
+    action_cut: str | None = None
+    scored_end_of_turn: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cand_lp", tuple(float(x) for x in self.cand_lp))

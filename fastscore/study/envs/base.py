@@ -103,6 +103,16 @@ class StudyEnv(abc.ABC):
         decoder's ban compares."""
         return text.strip() == failed_action.strip()
 
+    def reference_actions(self) -> list[str]:
+        """Every usable source's reference answer in the canonical action form (the data a token cap derives
+        from: fastscore.study.caps). By default none: the environment's cap is its constant."""
+        return []
+
+    def repeats_failure(self, item: Item, text: str) -> bool:
+        """Does a completion repeat the failed action in meaning (the study's semantic repeat)? By default the
+        environment's same_action; environments override it with what "the same action" means to their harness."""
+        return self.same_action(text, item.failed_action)
+
     @classmethod
     def isolation(cls, mode: str) -> contextlib.AbstractContextManager:
         """The context in which this environment runs model-written code under isolation `mode`; an environment

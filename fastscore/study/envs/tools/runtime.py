@@ -139,6 +139,28 @@ def parse_call(text: str) -> Call:
     return Call(name, args)
 
 
+def _canonical(value: Any) -> Any:
+    """A literal as a hashable, type-tagged value: True, 1 and 1.0 stay distinct (a wrong-type mutation is another
+    call), dict keys lose their order."""
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted(((repr(k), _canonical(v)) for k, v in value.items()), key=lambda kv: kv[0])))
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = tuple(_canonical(v) for v in value)
+        return (type(value).__name__, tuple(sorted(items, key=repr)) if isinstance(value, (set, frozenset)) else items)
+    return (type(value).__name__, value)
+
+
+def same_call(text: str, other: str) -> bool:
+    """The same call after argument normalisation: the same function with the same keyword arguments as values,
+    whatever their order, spacing, quoting or literal spelling. Texts that are not a call (prose, a syntax error)
+    compare with whitespace collapsed."""
+    try:
+        a, b = parse_call(text), parse_call(other)
+    except ToolRejection:
+        return " ".join(text.split()) == " ".join(other.split())
+    return a.name == b.name and ({k: _canonical(v) for k, v in a.args} == {k: _canonical(v) for k, v in b.args})
+
+
 def _type_ok(schema_type: str | None, value: Any) -> bool:
     if schema_type == "integer":
         return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,118 @@
+"""The generated paper-vs-study table: verdicts from intervals, n in every cell, and the README marker contract."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fastscore.errors import DataError
+from fastscore.study.readme_table import (
+    BEGIN, CLAIMS, END, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, drifted, extract_block, main, replace_block,
+    study_table, verdict,
+)
+
+G_CLAIM, LABEL_CLAIM = CLAIMS[0], CLAIMS[3]
+
+
+def env_summary(g_lo: float, g_hi: float, n: int = 20) -> dict:
+    return {"n_items": n, "conditions": {
+        "before": {"p_repeat": {"mean": 0.05, "lo": 0.01, "hi": 0.1, "n": n},
+                   "greedy_repeat": {"mean": 0.0, "lo": 0.0, "hi": 0.16, "n": n, "saturated": "s"}},
+        "after": {"gain_per_token": {"mean": (g_lo + g_hi) / 2, "lo": g_lo, "hi": g_hi, "n": n},
+                  "p_repeat": {"mean": 0.8, "lo": 0.7, "hi": 0.9, "n": n},
+                  "greedy_repeat": {"mean": 0.0, "lo": 0.0, "hi": 0.16, "n": n, "saturated": "s"}}},
+        "label": {"label_effect": {"after-success": {"shown": {"per_token": {
+            "mean": -0.4, "lo": -0.6, "hi": -0.2, "n": n}}}}}}
+
+
+SUMMARY = {"seeded": {"tools": env_summary(-1.4, -1.0), "mbpp": env_summary(-1.3, -1.1, 18),
+                      "pooled": {"n_items": 38}},
+           "model": {"tools": env_summary(-0.3, 0.1, 12)}, "failure_prior": {}}
+
+
+def test_verdicts_follow_the_interval_and_the_claims_side():
+    assert verdict({"mean": -1, "lo": -1.2, "hi": -0.8, "n": 5}, G_CLAIM) == REPRODUCED
+    assert verdict({"mean": 1, "lo": 0.8, "hi": 1.2, "n": 5}, G_CLAIM) == NOT_REPRODUCED
+    assert verdict({"mean": -1, "lo": -1.2, "hi": 0.1, "n": 5}, G_CLAIM) == NOT_MEASURABLE
+    assert verdict({"mean": 1, "lo": 1, "hi": 1, "n": 5, "saturated": "x"}, G_CLAIM) == NOT_MEASURABLE
+    assert verdict(None, G_CLAIM) == NOT_MEASURABLE
+    assert verdict({"mean": -1, "lo": -1.2, "hi": -0.8, "n": 4}, G_CLAIM) == NOT_MEASURABLE  # too few items
+    # "≈ 0" claims: a CI inside the margin reproduces, one that excludes 0 refutes, a wide one cannot tell.
+    assert verdict({"mean": 0, "lo": -0.1, "hi": 0.1, "n": 5}, LABEL_CLAIM) == REPRODUCED
+    assert verdict({"mean": -0.4, "lo": -0.6, "hi": -0.2, "n": 5}, LABEL_CLAIM) == NOT_REPRODUCED
+    assert verdict({"mean": 0, "lo": -0.9, "hi": 0.9, "n": 5}, LABEL_CLAIM) == NOT_MEASURABLE
+
+
+def test_table_has_n_and_ci_in_every_scope_and_mixed_rows_name_their_scopes():
+    text = study_table(SUMMARY)
+    g_row = next(line for line in text.splitlines() if line.startswith("| G per action token"))
+    assert "seeded tools: -1.200 [-1.400, -1.000] (20)" in g_row
+    assert "seeded mbpp: -1.200 [-1.300, -1.100] (18)" in g_row and "model tools: " in g_row
+    assert g_row.endswith("| reproduced: seeded tools, seeded mbpp; not measurable: model tools |")
+    greedy = next(line for line in text.splitlines() if line.startswith("| greedy reproduction"))
+    assert greedy.endswith(f"| {NOT_MEASURABLE} |")  # saturated before and after: no finding
+    assert "seeded tools: saturated — not measurable at this n: 0 (20)" in greedy
+    assert "pooled" not in text and "failure_prior" not in text
+    assert study_table(SUMMARY) == text  # deterministic
+
+
+def test_a_readme_block_is_checked_and_rewritten_between_the_markers(tmp_path):
+    results = tmp_path / "study-out"
+    results.mkdir()
+    (results / "summary.json").write_text(json.dumps(SUMMARY))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nintro\n\n{BEGIN}\n| stale | table |\n{END}\n\nafter\n")
+    assert drifted(results, readme)
+    assert main([str(results), "--check", str(readme)]) == 1
+    assert main([str(results), "--write", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("# Title\n\nintro\n\n") and text.endswith(f"{END}\n\nafter\n")
+    assert extract_block(text) == study_table(SUMMARY).strip()
+    assert not drifted(results, readme) and main([str(results), "--check", str(readme)]) == 0
+    # A changed summary makes the same README drift.
+    changed = json.loads(json.dumps(SUMMARY))
+    changed["seeded"]["tools"]["conditions"]["after"]["gain_per_token"]["n"] = 21
+    (results / "summary.json").write_text(json.dumps(changed))
+    assert drifted(results, readme)
+
+
+@pytest.mark.parametrize("bad", ["no markers", f"{END}\n{BEGIN}", f"{BEGIN}\n{BEGIN}\n{END}"])
+def test_missing_or_misordered_markers_are_refused(bad):
+    with pytest.raises(DataError):
+        replace_block(bad, "| a |")
+
+
+def test_every_claim_finds_its_estimate_in_a_real_summary():
+    from fastscore.study.metrics import summarize
+    from test_metrics import crafted_study
+
+    text = study_table(summarize(crafted_study(), seed=0, n_boot=100))
+    rows = [line for line in text.splitlines()[2:]]
+    assert len(rows) == len(CLAIMS)
+    missing = [row.split(" | ")[0] for row in rows if "no estimate" in row]
+    assert all(row.endswith("| reproduced |") or row.endswith("| not reproduced |") or
+               row.endswith("| not measurable |") for row in rows)
+    # These crafted rows record no greedy completion and no sampled retries; every other claim is found.
+    assert missing == ["| greedy reproduction of the failed call, after − before",
+                       "| clean retry − after: P(T=1 sample = failed), paired"]
+
+
+def test_the_cli_prints_checks_and_writes_the_table(tmp_path):
+    from click.testing import CliRunner
+
+    from fastscore.cli import main as cli
+
+    results = tmp_path / "summary.json"
+    results.write_text(json.dumps(SUMMARY))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{BEGIN}\nold\n{END}\n")
+    runner = CliRunner()
+    printed = runner.invoke(cli, ["study-table", str(results)])
+    assert printed.exit_code == 0 and printed.output.strip() == study_table(SUMMARY).strip()
+    assert runner.invoke(cli, ["study-table", str(results), "--check", str(readme)]).exit_code == 1
+    assert runner.invoke(cli, ["study-table", str(results), "--write", str(readme)]).exit_code == 0
+    checked = runner.invoke(cli, ["study-table", str(results), "--check", str(readme)])
+    assert checked.exit_code == 0 and "matches" in checked.output
+    both = runner.invoke(cli, ["study-table", str(results), "--check", str(readme), "--write", str(readme)])
+    assert both.exit_code != 0 and "exclude each other" in both.output
