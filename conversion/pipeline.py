@@ -228,12 +228,19 @@ def _tensor_count(gguf_path: Path) -> int:
     return len(require("gguf", "tokenizer").GGUFReader(str(gguf_path)).tensors)
 
 
+def _dequantizes_shipped(source: ModelSource, backend: str, quant: str) -> bool:
+    """The shipped file's f32 GGUF is dequantized from it in numpy: no HF reference (torch) is needed for it."""
+    return backend == "llamacpp" and quant == "f32" and source.embedded_gguf is not None and not source.standin
+
+
 def gguf_file(source: ModelSource, quant: str, stages: Stages) -> Path:
     if source.embedded_gguf is not None and quant == source.entry.embedded.quant:
         from fastscore.embedded import check_shipped
 
         check_shipped(source.entry, source.embedded_gguf, artefact_cache.home() / source.key / SHIPPED_VERIFIED)
         return source.embedded_gguf
+    if _dequantizes_shipped(source, "llamacpp", quant):
+        return dequantized_f32_file(source, stages)
     tok = tokenizer_dir(source, stages)
     reference = hf_fp32_dir(source, stages)
     if source.embedded_gguf is not None:
@@ -260,6 +267,35 @@ def gguf_file(source: ModelSource, quant: str, stages: Stages) -> Path:
     return _variant(source, f"gguf-{quant}", build, stages) / GGUF_FILE
 
 
+def dequantized_f32_file(source: ModelSource, stages: Stages) -> Path:
+    """The shipped GGUF with every tensor dequantized to F32 by gguf-py (the same weights as the HF reference,
+    which transformers dequantizes from the same file), checked tensor by tensor and on llama.cpp."""
+    from fastscore.conversion.gguf_dequantize import check_dequantized, dequantize_gguf
+    from fastscore.embedded import check_shipped
+
+    shipped, quant = source.embedded_gguf, source.entry.embedded.quant
+    tok = tokenizer_dir(source, stages)
+    final = artefact_cache.variant_dir(source.key, "gguf-f32")
+
+    def build(scratch: Path) -> checks.CheckReport:
+        check_shipped(source.entry, shipped, artefact_cache.home() / source.key / SHIPPED_VERIFIED)
+        started = time.perf_counter()
+        stages.note(f"first use of the f32 default: dequantizing the shipped {quant.upper()} GGUF {shipped.name} to "
+                    f"f32 with gguf-py, then checking it (once; cached in {final})")
+        out = scratch / GGUF_FILE
+        dequantize_gguf(shipped, out, progress=stages.enabled)
+        structure = checks.gguf_structure(out, "f32", _tensor_count(shipped))
+        structure = f"{structure}; {check_dequantized(shipped, out)}"
+        # Scores against the shipped file on llama.cpp (no torch): they differ by the Q4_1 kernels' 8-bit
+        # activations only, so the mean bound of the HF reference's own check applies.
+        report = checks.compare("gguf-f32", "llamacpp", out, "f32", structure, tok, started=started,
+                                reference=("llamacpp", shipped), reference_label=f"llamacpp on the shipped {quant} GGUF")
+        return replace(report, statistic="mean", tolerance=DEQUANTIZED_MEAN_TOL,
+                       passed=report.mean_abs_diff <= DEQUANTIZED_MEAN_TOL)
+
+    return _variant(source, "gguf-f32", build, stages) / GGUF_FILE
+
+
 def onnx_dir(source: ModelSource, quant: str, stages: Stages) -> Path:
     tok = tokenizer_dir(source, stages)
     reference = hf_fp32_dir(source, stages)
@@ -282,6 +318,8 @@ def needed_variants(source: ModelSource, backend: str, quant: str) -> list[str]:
     """The cache variants (backend, quant) depends on, dependencies first."""
     if backend == "llamacpp" and source.embedded_gguf is not None and quant == source.entry.embedded.quant:
         return ["tokenizer"]
+    if _dequantizes_shipped(source, backend, quant):
+        return ["tokenizer", "gguf-f32"]
     chain = ["tokenizer", "hf-fp32"]
     if backend == "llamacpp" and source.embedded_gguf is None and quant not in CONVERTER_OUTTYPES:
         chain.append("gguf-f32")
@@ -307,6 +345,10 @@ def weights_note(source: ModelSource, backend: str, quant: str) -> str:
             return f"the shipped {shipped.upper()} GGUF {source.embedded_gguf.name}, as published"
         from fastscore.conversion.gguf_to_hf import weights_note as dequantized_note
 
+        if _dequantizes_shipped(source, backend, quant):
+            return (f"GGUF f32 dequantized from the shipped {shipped.upper()} GGUF {source.embedded_gguf.name} (by "
+                    f"gguf-py): the original checkpoint is not available offline, so these are {shipped.upper()}'s "
+                    "weights, exactly")
         how = {"llamacpp": f"GGUF {quant} requantized from the shipped {shipped.upper()} file",
                "onnx": f"ONNX {quant} export", "reference": "fp32 HF folder"}[backend]
         return f"{how}; {dequantized_note(source.embedded_gguf, shipped)}"
