@@ -240,6 +240,8 @@ def gguf_file(source: ModelSource, quant: str, stages: Stages) -> Path:
         check_shipped(source.entry, source.embedded_gguf, artefact_cache.home() / source.key / SHIPPED_VERIFIED)
         return source.embedded_gguf
     if _dequantizes_shipped(source, "llamacpp", quant):
+        from fastscore.conversion.shipped_f32 import dequantized_f32_file
+
         return dequantized_f32_file(source, stages)
     tok = tokenizer_dir(source, stages)
     reference = hf_fp32_dir(source, stages)
@@ -265,35 +267,6 @@ def gguf_file(source: ModelSource, quant: str, stages: Stages) -> Path:
                               reference=("reference", reference))
 
     return _variant(source, f"gguf-{quant}", build, stages) / GGUF_FILE
-
-
-def dequantized_f32_file(source: ModelSource, stages: Stages) -> Path:
-    """The shipped GGUF with every tensor dequantized to F32 by gguf-py (the same weights as the HF reference,
-    which transformers dequantizes from the same file), checked tensor by tensor and on llama.cpp."""
-    from fastscore.conversion.gguf_dequantize import check_dequantized, dequantize_gguf
-    from fastscore.embedded import check_shipped
-
-    shipped, quant = source.embedded_gguf, source.entry.embedded.quant
-    tok = tokenizer_dir(source, stages)
-    final = artefact_cache.variant_dir(source.key, "gguf-f32")
-
-    def build(scratch: Path) -> checks.CheckReport:
-        check_shipped(source.entry, shipped, artefact_cache.home() / source.key / SHIPPED_VERIFIED)
-        started = time.perf_counter()
-        stages.note(f"first use of the f32 default: dequantizing the shipped {quant.upper()} GGUF {shipped.name} to "
-                    f"f32 with gguf-py, then checking it (once; cached in {final})")
-        out = scratch / GGUF_FILE
-        dequantize_gguf(shipped, out, progress=stages.enabled)
-        structure = checks.gguf_structure(out, "f32", _tensor_count(shipped))
-        structure = f"{structure}; {check_dequantized(shipped, out)}"
-        # Scores against the shipped file on llama.cpp (no torch): they differ by the Q4_1 kernels' 8-bit
-        # activations only, so the mean bound of the HF reference's own check applies.
-        report = checks.compare("gguf-f32", "llamacpp", out, "f32", structure, tok, started=started,
-                                reference=("llamacpp", shipped), reference_label=f"llamacpp on the shipped {quant} GGUF")
-        return replace(report, statistic="mean", tolerance=DEQUANTIZED_MEAN_TOL,
-                       passed=report.mean_abs_diff <= DEQUANTIZED_MEAN_TOL)
-
-    return _variant(source, "gguf-f32", build, stages) / GGUF_FILE
 
 
 def onnx_dir(source: ModelSource, quant: str, stages: Stages) -> Path:

@@ -27,11 +27,8 @@ def run_score(requests: Path, out: Path, *, model: str | None, backend: str, qua
               backend_options: Sequence[str] = (), n_ctx: int | None = None, top_k: int = 0,
               out_format: str = "jsonl", ban_prefix: bool = False, generate: bool = False, max_new_tokens: int = 128,
               chunk_size: int = 64, resume: bool = False, on_error: str = "stop", command: str = "") -> ScoreRun:
-    from fastscore.backends.options import parse_options
-    from fastscore.registry import default_model
     from fastscore.requests_io import score_file
-    from fastscore.resolve import default_quant_of, model_source, validate
-    from fastscore.session import open_scorer
+    from fastscore.session import open_scorer, scoring_settings
 
     tables.check_format(out_format)
     table_out = None
@@ -44,11 +41,8 @@ def run_score(requests: Path, out: Path, *, model: str | None, backend: str, qua
         outputs.check_not_an_input(out, [requests])
         outputs.ensure_parent(out)
         outputs.refuse_unresumed_partial(out, resume)
-    model = model or default_model()
-    quant = quant or default_quant_of(model, backend)
-    validate(backend, quant)
-    model_source(model, hf_path)
-    options = parse_options(backend, [*backend_options, *([f"n_ctx={n_ctx}"] if n_ctx else [])])
+    model, quant, options = scoring_settings(model, backend, quant, hf_path=hf_path,
+                                             backend_options=backend_options, n_ctx=n_ctx)
     with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads, backend_options=options,
                      progress=True, include_end_of_turn=include_end_of_turn, top_k=top_k) as scorer:
         summary = score_file(scorer, requests, out, generate=generate, max_new_tokens=max_new_tokens,

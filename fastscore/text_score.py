@@ -127,21 +127,15 @@ def run_text(text_arg: str, out, *, model: str | None, backend: str, quant: str 
              threads: int | None = None, backend_options=(), n_ctx: int | None = None, command: str = "") -> TextRun:
     """`fastscore score --text`: score the text and write the JSON (with the run's metadata) to `out` or stdout."""
     from fastscore import outputs, provenance
-    from fastscore.backends.options import parse_options
-    from fastscore.registry import default_model
-    from fastscore.resolve import default_quant_of, model_source, validate
-    from fastscore.session import open_scorer
+    from fastscore.session import open_scorer, scoring_settings
 
     text = read_text_arg(text_arg)
     if not text:
         raise RequestError("the text is empty: there is nothing to score")
     if out is not None and not outputs.is_stdio(out):
         outputs.ensure_parent(out)
-    model = model or default_model()
-    quant = quant or default_quant_of(model, backend)
-    validate(backend, quant)
-    model_source(model, hf_path)
-    options = parse_options(backend, [*backend_options, *([f"n_ctx={n_ctx}"] if n_ctx else [])])
+    model, quant, options = scoring_settings(model, backend, quant, hf_path=hf_path,
+                                             backend_options=backend_options, n_ctx=n_ctx)
     with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads, backend_options=options,
                      progress=True) as scorer:
         result = score_text(scorer, text)

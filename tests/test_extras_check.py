@@ -65,6 +65,12 @@ def _refused(args, extra, package, work_started):
     assert work_started == []
 
 
+def _requests(tmp_path):
+    requests = tmp_path / "r.jsonl"
+    requests.write_text('{"id": 1, "prompt": "a", "continuations": ["b"]}\n')
+    return requests
+
+
 def test_missing_extra_detection(monkeypatch):
     assert deps.has_extra("tokenizer")
     _without(monkeypatch, "jinja2")
@@ -74,8 +80,7 @@ def test_missing_extra_detection(monkeypatch):
 
 
 def test_score_needs_its_backend(monkeypatch, tmp_path, work_started):
-    requests = tmp_path / "r.jsonl"
-    requests.write_text('{"id": 1, "prompt": "a", "continuations": ["b"]}\n')
+    requests = _requests(tmp_path)
     _without(monkeypatch, "llama_cpp")
     _refused(["score", str(requests), "--out", str(tmp_path / "o.jsonl")], "llamacpp", "llama-cpp-python",
              work_started)
@@ -83,16 +88,14 @@ def test_score_needs_its_backend(monkeypatch, tmp_path, work_started):
 
 
 def test_score_parquet_needs_pyarrow(monkeypatch, tmp_path, work_started):
-    requests = tmp_path / "r.jsonl"
-    requests.write_text('{"id": 1, "prompt": "a", "continuations": ["b"]}\n')
+    requests = _requests(tmp_path)
     _without(monkeypatch, "pyarrow")
     _refused(["score", str(requests), "--out", str(tmp_path / "o.parquet"), "--format", "parquet"], "parquet",
              "pyarrow", work_started)
 
 
 def test_score_onnx_needs_the_onnx_extra(monkeypatch, tmp_path, work_started):
-    requests = tmp_path / "r.jsonl"
-    requests.write_text('{"id": 1, "prompt": "a", "continuations": ["b"]}\n')
+    requests = _requests(tmp_path)
     _without(monkeypatch, "onnxruntime")
     _refused(["score", str(requests), "--out", str(tmp_path / "o.jsonl"), "--backend", "onnx"], "onnx",
              "onnxruntime", work_started)
