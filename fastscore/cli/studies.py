@@ -51,11 +51,11 @@ def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_e
     """Run the corrective-gain study end to end and write its results, report and plots into --out."""
     from fastscore.deps import check_extras, extras_for_backend
     from fastscore.registry import default_model
+    from fastscore.study.report import headline
+    from fastscore.study.runner import DEFAULT_LIMIT, StudyConfig, run_study
 
     check_extras(*extras_for_backend(backend), purpose=f"fastscore study on {backend}")
     warn_without_plots()
-    from fastscore.study.report import headline
-    from fastscore.study.runner import DEFAULT_LIMIT, StudyConfig, run_study
 
     model = model or default_model()
     config = StudyConfig(
