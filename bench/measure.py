@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from fastscore.bench.roofline import median
-from fastscore.bench.workload import Workload, all_positions, requests_digest
+from fastscore.bench.workload import Workload, all_positions, context_ids, requests_digest
 from fastscore.engine.trie import distinct_prefix_positions
 from fastscore.records import ScoreRequest, TokenRequest
 
@@ -43,7 +43,7 @@ def _cpu_timed(fn: Callable[[], object], cpu: list[float]) -> Callable[[], objec
 
 
 def flat_requests(workload: Workload) -> list[ScoreRequest]:
-    return [ScoreRequest(s.id, s.messages, c) for s in workload.sets for c in s.candidates]
+    return [request for s in workload.sets for request in s.score_requests()]
 
 
 def token_requests(scorer, workload: Workload) -> list[TokenRequest]:
@@ -197,7 +197,7 @@ def measure_greedy(scorer, workload: Workload, batch_sizes: Sequence[int], new_t
 
     `sequential` False skips the one-at-a-time runs (their figures are then absent)."""
     backend = scorer.backend
-    distinct = [scorer.context_ids(m) for m in workload.contexts()]
+    distinct = [context_ids(scorer, s) for s in workload.sets]
     pool = [distinct[i % len(distinct)] for i in range(max(batch_sizes))]
     _decode(backend, pool[:2], 2)  # warm-up
     out = {}

@@ -139,7 +139,7 @@ def run_worker_spec(spec: dict) -> dict:
     from fastscore.backends.options import options_for
     from fastscore.bench.measure import token_requests
     from fastscore.bench.roofline import measure_sgemm
-    from fastscore.bench.workload import Workload
+    from fastscore.bench.workload import Workload, context_ids
     from fastscore.engine.trie import distinct_prefix_positions
     from fastscore.session import open_scorer
 
@@ -149,7 +149,7 @@ def run_worker_spec(spec: dict) -> dict:
     with open_scorer(spec["model"], "llamacpp", spec["quant"], n_threads=spec["threads"], progress=False,
                      backend_options=options) as scorer:
         requests = token_requests(scorer, workload)
-        distinct = [scorer.context_ids(m) for m in workload.contexts()]
+        distinct = [context_ids(scorer, s) for s in workload.sets]
         path = scorer.backend.path
     contexts = [distinct[i % len(distinct)] for i in range(spec["decode_contexts"])]
     trie = distinct_prefix_positions([r.tokens for r in requests])

@@ -14,7 +14,7 @@ import numpy as np
 
 from fastscore.engine.plan import Gather
 from fastscore.engine.trie import common_prefix
-from fastscore.records import CandidateSet, ScoreRequest, TokenRequest
+from fastscore.records import CandidateSet, TokenRequest
 
 
 def shared_prefix_length(requests: Sequence[TokenRequest]) -> int:
@@ -49,7 +49,6 @@ def score_with_prefix_kv(scorer, sets: Sequence[CandidateSet]) -> list[float]:
     backend = scorer.backend
     out: list[float] = []
     for candidate_set in sets:
-        requests = [scorer.prepare(ScoreRequest(candidate_set.id, candidate_set.messages, c)).token_request
-                    for c in candidate_set.candidates]
+        requests = [scorer.prepare(request).token_request for request in candidate_set.score_requests()]
         out += score_set_with_prefix_kv(backend.model, backend.torch, requests)
     return out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastscore.records import CandidateSet, Message, TokenRequest
+from fastscore.records import CandidateSet, TokenRequest
 from fastscore.study.envs import ENVS
 
 log = logging.getLogger(__name__)
@@ -37,23 +37,30 @@ class Workload:
     def to_json(self) -> str:
         return json.dumps({
             "envs": list(self.envs), "items_per_env": self.items_per_env, "seed": self.seed, "n_items": self.n_items,
-            "sets": [{"id": s.id, "messages": [[m.role, m.content] for m in s.messages],
-                      "candidates": list(s.candidates)} for s in self.sets],
+            "sets": [{"id": s.id, "messages": [m.template_dict() for m in s.messages],
+                      "candidates": list(s.candidates), "tools": list(s.tools), "prompt": s.prompt}
+                     for s in self.sets],
         }, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> "Workload":
+        from fastscore.requests_schema import parse_message
+
         raw = json.loads(text)
         sets = tuple(
-            CandidateSet(id=s["id"], messages=tuple(Message(r, c) for r, c in s["messages"]),
-                         candidates=tuple(s["candidates"]))
+            CandidateSet(id=s["id"], messages=tuple(parse_message(m, k) for k, m in enumerate(s["messages"])),
+                         candidates=tuple(s["candidates"]), tools=tuple(s.get("tools", ())), prompt=s.get("prompt"))
             for s in raw["sets"]
         )
         return cls(sets, tuple(raw["envs"]), raw["items_per_env"], raw["seed"], raw["n_items"])
 
-    def contexts(self) -> list[tuple[Message, ...]]:
-        """The distinct contexts in order (what greedy decoding starts from)."""
-        return [s.messages for s in self.sets]
+
+def context_ids(scorer, candidate_set: CandidateSet) -> list[int]:
+    """The token ids greedy decoding starts from for one set: its raw prompt, or its messages (and tools) rendered
+    with a generation prompt."""
+    if candidate_set.prompt is not None:
+        return scorer.prompt_ids(candidate_set.prompt, candidate_set.id)
+    return scorer.context_ids(candidate_set.messages, candidate_set.id, tools=candidate_set.tools)
 
 
 def build_workload(data_dir: Path, items_per_env: int, envs: Sequence[str] = ENVS, seed: int = 0,
@@ -76,17 +83,12 @@ def build_workload(data_dir: Path, items_per_env: int, envs: Sequence[str] = ENV
 
 
 def workload_from_requests(path: Path) -> Workload:
-    """A user's scoring file (fastscore score's input) as the workload: chat requests, each with its candidates."""
+    """A user's scoring file (fastscore score's input) as the workload: every request kind `score` takes (chat, with
+    tools and tool calls, or raw text), each with its candidates."""
     from fastscore.errors import RequestError
     from fastscore.requests_io import read_requests
 
-    sets = []
-    for record in read_requests(path):
-        if record.prompt is not None or record.tools or any(m.tool_calls or m.name or m.tool_call_id
-                                                            for m in record.messages):
-            raise RequestError("bench --requests takes chat requests of role/content messages (no raw-text prompt, "
-                               "tools or tool calls)", line=record.line, request_id=record.id)
-        sets.append(record.candidate_set())
+    sets = [record.candidate_set() for record in read_requests(path)]
     if not sets:
         raise RequestError(f"{path} holds no requests")
     log.info("workload from %s: %d contexts, %d requests", path, len(sets), sum(len(s.candidates) for s in sets))

@@ -69,15 +69,20 @@ class CheckReport:
 
 
 def probe_requests(tokenizer_dir: Path) -> list[TokenRequest]:
-    """The probe chats rendered with the model's chat template and tokenized with its (rebuilt) tokenizer."""
-    transformers = require("transformers", "reference")
-    from fastscore.conversion.gguf_tokenizer import load_tokenizer
+    """The probe chats rendered with the model's chat template and tokenized with its (rebuilt) tokenizer.
 
-    template = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    Rendered by fastscore's own Jinja environment (transformers' rendering, without importing it: the f32 default
+    is checked in the minimal install, which has no transformers)."""
+    from fastscore.chat import render
+    from fastscore.conversion.gguf_tokenizer import load_tokenizer
+    from fastscore.tokenizer import Tokenizer
+
+    facts = Tokenizer.from_folder(tokenizer_dir)
     tokenizer = load_tokenizer(tokenizer_dir)
     requests = []
     for chat in PROBE_CHATS:
-        text = template.apply_chat_template(list(chat), tokenize=False)
+        text = render(facts.require_chat_template(), list(chat), add_generation_prompt=False,
+                      special_tokens=facts.special_token_variables)
         ids = tokenizer.encode(text, add_special_tokens=False).ids
         requests.append(TokenRequest(tokens=tuple(ids), score_from=1))
     return requests

@@ -228,12 +228,21 @@ def _tensor_count(gguf_path: Path) -> int:
     return len(require("gguf", "tokenizer").GGUFReader(str(gguf_path)).tensors)
 
 
+def _dequantizes_shipped(source: ModelSource, backend: str, quant: str) -> bool:
+    """The shipped file's f32 GGUF is dequantized from it in numpy: no HF reference (torch) is needed for it."""
+    return backend == "llamacpp" and quant == "f32" and source.embedded_gguf is not None and not source.standin
+
+
 def gguf_file(source: ModelSource, quant: str, stages: Stages) -> Path:
     if source.embedded_gguf is not None and quant == source.entry.embedded.quant:
         from fastscore.embedded import check_shipped
 
         check_shipped(source.entry, source.embedded_gguf, artefact_cache.home() / source.key / SHIPPED_VERIFIED)
         return source.embedded_gguf
+    if _dequantizes_shipped(source, "llamacpp", quant):
+        from fastscore.conversion.shipped_f32 import dequantized_f32_file
+
+        return dequantized_f32_file(source, stages)
     tok = tokenizer_dir(source, stages)
     reference = hf_fp32_dir(source, stages)
     if source.embedded_gguf is not None:
@@ -282,6 +291,8 @@ def needed_variants(source: ModelSource, backend: str, quant: str) -> list[str]:
     """The cache variants (backend, quant) depends on, dependencies first."""
     if backend == "llamacpp" and source.embedded_gguf is not None and quant == source.entry.embedded.quant:
         return ["tokenizer"]
+    if _dequantizes_shipped(source, backend, quant):
+        return ["tokenizer", "gguf-f32"]
     chain = ["tokenizer", "hf-fp32"]
     if backend == "llamacpp" and source.embedded_gguf is None and quant not in CONVERTER_OUTTYPES:
         chain.append("gguf-f32")
@@ -307,6 +318,10 @@ def weights_note(source: ModelSource, backend: str, quant: str) -> str:
             return f"the shipped {shipped.upper()} GGUF {source.embedded_gguf.name}, as published"
         from fastscore.conversion.gguf_to_hf import weights_note as dequantized_note
 
+        if _dequantizes_shipped(source, backend, quant):
+            return (f"GGUF f32 dequantized from the shipped {shipped.upper()} GGUF {source.embedded_gguf.name} (by "
+                    f"gguf-py): the original checkpoint is not available offline, so these are {shipped.upper()}'s "
+                    "weights, exactly")
         how = {"llamacpp": f"GGUF {quant} requantized from the shipped {shipped.upper()} file",
                "onnx": f"ONNX {quant} export", "reference": "fp32 HF folder"}[backend]
         return f"{how}; {dequantized_note(source.embedded_gguf, shipped)}"

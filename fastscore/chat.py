@@ -13,6 +13,7 @@ so nothing here assumes two renderings share text; sharing between contexts is f
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,8 @@ from fastscore.errors import RequestError, TokenizationError
 from fastscore.records import Message
 
 
-ALLOWED_ROLES = ("system", "user", "assistant", "tool")
+ALLOWED_ROLES = ("system", "developer", "user", "assistant", "tool")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,20 @@ def compile_template(source: str):
         raise TokenizationError(f"the chat template does not parse: {exc}") from exc
 
 
+def developer_as_system(template: str, messages: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """OpenAI's `developer` role (the newer name of `system`) for a template that never names it: rendered as
+    `system`, which such a template knows; said once per template in the log."""
+    if "developer" in template or not any(m.get("role") == "developer" for m in messages):
+        return messages
+    _say_developer_mapped(template)
+    return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+
+
+@lru_cache(maxsize=16)
+def _say_developer_mapped(template: str) -> None:
+    log.warning("this model's chat template has no 'developer' role: developer messages are rendered as 'system'")
+
+
 def render(
     template: str,
     messages: Sequence[Message | Mapping[str, Any]],
@@ -112,7 +128,7 @@ def render(
     """The template's text for `messages`; `special_tokens` gives bos_token, eos_token, ... as template variables;
     `tools` (JSON schemas) reach the template as transformers' `tools=` does."""
     jinja2 = require("jinja2", "tokenizer")
-    as_dicts = [m if isinstance(m, Mapping) else m.template_dict() for m in messages]
+    as_dicts = developer_as_system(template, [m if isinstance(m, Mapping) else m.template_dict() for m in messages])
     variables = {**(template_kwargs or {}), **(special_tokens or {})}
     try:
         # As transformers: no tools is `tools=None` (templates test `tools is not none`), never an empty list.

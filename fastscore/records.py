@@ -99,6 +99,10 @@ class CandidateSet:
     tools: tuple[Any, ...] = ()
     prompt: str | None = None  # raw text instead of messages (see ScoreRequest)
 
+    def score_requests(self) -> list[ScoreRequest]:
+        """One request per candidate, in order."""
+        return [ScoreRequest(self.id, self.messages, c, self.tools, self.prompt) for c in self.candidates]
+
 
 @dataclass(frozen=True)
 class GreedyRequest:

@@ -2,7 +2,8 @@
 Python API) validated into an `InputRecord`.
 
 Chat form: {"id", "messages": [...], "candidates": [...], "tools": [...], "banned": [...]} with OpenAI-style
-messages: {"role", "content"}, an assistant message may carry "tool_calls" (its "content" may then be null or
+messages: {"role", "content"}; "content" may be a list of text parts (joined with newlines); the "developer" role
+reaches templates that know it and is rendered as "system" by those that do not (fastscore.chat). An assistant message may carry "tool_calls" (its "content" may then be null or
 absent), a tool result "tool_call_id" and "name". A tool call's "function.arguments" given as a JSON string (as
 the OpenAI API writes it) is parsed to an object, which is what chat templates expect (they `tojson` it).
 Raw-text form: {"id", "prompt": "...", "continuations": [...]} (or "candidates"), scored without a template.
@@ -60,6 +61,23 @@ def _tool_call(call: Any, where: str, line: int | None, rid: object) -> dict:
     return call
 
 
+def message_text(content: Any, k: int, line: int | None = None, rid: object = None) -> Any:
+    """A message's content as text: OpenAI's list of content parts ([{"type": "text", "text": ...}, ...]) joined
+    with newlines, as vLLM does for templates that take string content; anything else is returned as it is."""
+    if not isinstance(content, list):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            raise RequestError(f"message {k} content part {j} is {kind!r}: only text parts "
+                               '({"type": "text", "text": "..."}) can be scored', line=line, request_id=rid)
+        texts.append(part["text"])
+    if not texts:
+        raise RequestError(f"message {k} has an empty list of content parts", line=line, request_id=rid)
+    return "\n".join(texts)
+
+
 def parse_message(message: Any, k: int, line: int | None = None, rid: object = None) -> Message:
     """One OpenAI-style message dict as a Message."""
     if isinstance(message, Message):
@@ -73,7 +91,7 @@ def parse_message(message: Any, k: int, line: int | None = None, rid: object = N
     tool_calls = message.get("tool_calls") or []
     if not isinstance(tool_calls, list):
         raise RequestError(f"message {k}: 'tool_calls' must be a list", line=line, request_id=rid)
-    content = message.get("content")
+    content = message_text(message.get("content"), k, line, rid)
     # An assistant turn of tool calls may have no text: None reaches the template as in transformers.
     if not isinstance(content, str) and not (content is None and tool_calls):
         raise RequestError(f"message {k} must have a string 'content'", line=line, request_id=rid)

@@ -32,22 +32,16 @@ def run_score(requests: Path, out: Path, *, model: str | None, backend: str, qua
               max_line_bytes: int | None = None, command: str = "") -> ScoreRun:
     """Every file the run writes is named and checked against the input and each other, and OUT is locked, before
     anything is written or the model loads; the lock is held until the metadata sidecar is written."""
-    from fastscore.backends.options import parse_options
-    from fastscore.registry import default_model
     from fastscore.requests_io import score_file
-    from fastscore.resolve import default_quant_of, model_source, validate
-    from fastscore.session import open_scorer
+    from fastscore.session import open_scorer, scoring_settings
 
     tables.check_format(out_format)
     if resume and restart:
         raise OutputError("--resume continues an interrupted run and --restart discards it: give one of them")
     names = ScoreOutputs.of(out, out_format)
     names.check([requests])
-    model = model or default_model()
-    quant = quant or default_quant_of(model, backend)
-    validate(backend, quant)
-    model_source(model, hf_path)
-    options = parse_options(backend, [*backend_options, *([f"n_ctx={n_ctx}"] if n_ctx else [])])
+    model, quant, options = scoring_settings(model, backend, quant, hf_path=hf_path,
+                                             backend_options=backend_options, n_ctx=n_ctx)
     with names.lock():
         if not outputs.is_stdio(out):
             outputs.refuse_unresumed_partial(names.record, resume, restart)

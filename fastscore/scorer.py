@@ -273,6 +273,15 @@ class Scorer:
                 results.append(self._result(item, token_scores))
         return results
 
+    def score_token_requests(self, requests: Sequence[TokenRequest]) -> list:
+        """Token-level requests scored as they are, with no template (e.g. the windows of a raw text); non-finite
+        log-probs mean damaged weights, as for `score`."""
+        with self._finite_weights():
+            scores = self.backend.score_tokens(list(requests))
+        if not all(np.all(np.isfinite(s.logprobs)) for s in scores):
+            raise self._damaged("non-finite log-probs")
+        return scores
+
     @contextlib.contextmanager
     def _finite_weights(self):
         """Non-finite logits mean damaged weights (NaN/inf in a tensor): name the file and how to rebuild it."""
@@ -323,8 +332,7 @@ class Scorer:
         for candidate_set in sets:
             if not candidate_set.candidates:
                 raise RequestError("empty candidate list", request_id=candidate_set.id)
-            flat.extend(ScoreRequest(candidate_set.id, candidate_set.messages, c, candidate_set.tools,
-                                     candidate_set.prompt) for c in candidate_set.candidates)
+            flat.extend(candidate_set.score_requests())
         results = iter(self.score(flat))
         out = []
         for candidate_set in sets:

@@ -24,6 +24,20 @@ def default_quant(model: str, backend: str = DEFAULT_BACKEND) -> str:
     return variants.FULL_PRECISION[backend]
 
 
+def scoring_settings(model: str | None, backend: str, quant: str | None, *, hf_path: Path | None = None,
+                     backend_options=(), n_ctx: int | None = None):
+    """(model, quant, typed backend options) of a scoring command, every name checked before any model loads."""
+    from fastscore.backends.options import parse_options
+    from fastscore.registry import default_model
+    from fastscore.resolve import default_quant_of, model_source, validate
+
+    model = model or default_model()
+    quant = quant or default_quant_of(model, backend)
+    validate(backend, quant)
+    model_source(model, hf_path)
+    return model, quant, parse_options(backend, [*backend_options, *([f"n_ctx={n_ctx}"] if n_ctx else [])])
+
+
 def open_scorer(
     model: str,
     backend: str,

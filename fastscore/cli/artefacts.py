@@ -69,6 +69,11 @@ def convert(model, gguf, onnx, hf_path, force) -> None:
     import time
 
     from fastscore.conversion.pipeline import convert as convert_variants
+    from fastscore.deps import check_extras
+
+    # Every conversion builds (or reads) the fp32 HF reference first and checks each variant against it.
+    check_extras("reference", *(["llamacpp"] if gguf else []), *(["onnx"] if onnx else []),
+                 purpose="fastscore convert")
 
     started = time.perf_counter()
     results = convert_variants(model, gguf=csv_list(gguf), onnx=csv_list(onnx), hf_path=hf_path, force=force)

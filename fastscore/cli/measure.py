@@ -61,6 +61,16 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
     """Benchmark every backend side by side on the same study requests: a table, then one JSON line."""
     import os
 
+    from fastscore.deps import check_extras, extras_for_backend
+
+    if decode_bound or op_profile:
+        check_extras("llamacpp", purpose="fastscore bench --decode-bound / --op-profile")
+    elif not study_runs:
+        chosen = [*bench_list(backends), *([] if skip_reference else ["reference"])]
+        check_extras(*(e for b in chosen for e in extras_for_backend(b)),
+                     purpose="fastscore bench on " + ", ".join(chosen) + " (--skip-reference and --backends "
+                                                                        "choose fewer)")
+
     if study_runs:
         from fastscore.bench import study_bound
         from fastscore.bench.table import print_and_save
@@ -154,6 +164,11 @@ def bench_scale(models, data, out, limit, threads, repeats, greedy_batch, new_to
     """Convert and measure each registry model at real size (stand-ins where the weights are not here)."""
     import os
 
+    from fastscore.deps import check_extras
+
+    # Stand-ins are built with transformers and exported to ONNX; every model is measured on both backends.
+    check_extras("llamacpp", "onnx", "reference", purpose="fastscore bench-scale")
+
     from fastscore import outputs
     from fastscore.bench import projection
     from fastscore.bench.scale import DEFAULT_MODELS, SCORING, ScaleOptions, run_scale
@@ -195,13 +210,17 @@ def bench_scale(models, data, out, limit, threads, repeats, greedy_batch, new_to
 @friendly
 def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot, requests) -> None:
     """Score the same study items under every quantised variant and compare each with the fp32 reference."""
+    from fastscore.deps import check_extras, extras_for_backend
     from fastscore.study.quantcheck.run import DEFAULT_VARIANTS, QuantCheckConfig, parse_variants, run_quant_check
     from fastscore.registry import default_model
+
+    chosen = parse_variants(variants) if variants else DEFAULT_VARIANTS
+    check_extras("reference", *(e for v in chosen for e in extras_for_backend(v.backend)),
+                 *([] if requests is not None else ["study"]), purpose="fastscore quant-check")
 
     if requests is not None:
         from fastscore.quant_requests import quant_check_requests
 
-        chosen = parse_variants(variants) if variants else DEFAULT_VARIANTS
         results = quant_check_requests(requests, model or default_model(), [(v.backend, v.quant) for v in chosen],
                                        out, threads=threads, progress=True, command=command_line())
         for label, comparison in results.items():
@@ -212,7 +231,7 @@ def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot, 
 
     config = QuantCheckConfig(
         model=model or default_model(), out_dir=out, data_dir=data, envs=bench_list(envs), limit=limit,
-        variants=parse_variants(variants) if variants else DEFAULT_VARIANTS, seed=seed, threads=threads,
+        variants=chosen, seed=seed, threads=threads,
         n_boot=n_boot, command="fastscore " + " ".join(sys.argv[1:]), progress=True,
     )  # fmt: skip
     summary = run_quant_check(config)

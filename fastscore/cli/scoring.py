@@ -11,13 +11,18 @@ from fastscore.cli.app import BACKEND_HELP, MODEL_HELP, QUANT_HELP, command_line
 
 
 @main.command()
-@click.argument("requests", type=click.Path(exists=True, dir_okay=False, allow_dash=True, path_type=Path))
+@click.argument("requests", required=False, type=click.Path(exists=True, dir_okay=False, allow_dash=True,
+                                                             path_type=Path))
+@click.option("--text", "text", default=None, metavar="FILE_OR_STRING",
+              help="Instead of REQUESTS: score this raw text unconditionally (no chat template): every token's "
+                   "log-prob and the perplexity, as JSON to --out (default: stdout). A file's path reads the file; "
+                   "'-' reads stdin; anything else is the text itself.")
 @click.option("--model", default=None, help=MODEL_HELP)
 @click.option("--backend", default="llamacpp", show_default=True, help=BACKEND_HELP)
 @click.option("--quant", default=None, help=QUANT_HELP)
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
-              help="Output JSONL ('-': stdout). Written as OUT.partial, renamed to OUT once complete; locked meanwhile "
-                   "(a second run on OUT is refused, exit code 10).")
+@click.option("--out", "out", default=None, type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              help="Output JSONL ('-': stdout; required with REQUESTS). Written as OUT.partial, renamed to OUT once "
+                   "complete; locked meanwhile (a second run on OUT is refused, exit code 10).")
 @click.option("--generate", is_flag=True, help="Also decode a greedy reply per request (honouring 'banned').")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(min=1))
 @click.option("--hf-path", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -49,11 +54,28 @@ from fastscore.cli.app import BACKEND_HELP, MODEL_HELP, QUANT_HELP, command_line
               help="With --generate: a completion may not equal a 'banned' text (exact) or not even start with one "
                    "(prefix).")
 @friendly
-def score(requests, model, backend, quant, out, generate, max_new_tokens, hf_path, threads, exclude_end_of_turn,
-          chunk_size, resume, restart, max_line_bytes, on_error, backend_option, n_ctx, top_k, out_format,
-          ban) -> None:
+def score(requests, text, model, backend, quant, out, generate, max_new_tokens, hf_path, threads,
+          exclude_end_of_turn, chunk_size, resume, restart, max_line_bytes, on_error, backend_option, n_ctx,
+          top_k, out_format, ban) -> None:
     """Score each candidate continuation of every request in REQUESTS (JSONL, '-': stdin) and write OUT, with the
-    run's metadata (model, backend, quant, weights, versions, tokenizer hash, command) in OUT.meta.json."""
+    run's metadata (model, backend, quant, weights, versions, tokenizer hash, command) in OUT.meta.json.
+    With --text instead: the text's per-token log-probs and perplexity."""
+    from fastscore.deps import check_extras, extras_for_backend
+
+    if (requests is None) == (text is None):
+        raise click.UsageError("give either REQUESTS or --text")
+    check_extras(*extras_for_backend(backend), *(["parquet"] if out_format == "parquet" else []),
+                 purpose=f"fastscore score on {backend}" + (" to parquet" if out_format == "parquet" else ""))
+    if text is not None:
+        from fastscore.text_score import run_text
+
+        run = run_text(text, out, model=model, backend=backend, quant=quant, hf_path=hf_path, threads=threads,
+                       backend_options=backend_option, n_ctx=n_ctx, command=command_line())
+        click.echo(f"{run.score.line()} with {run.model} [{backend}, {run.quant}]"
+                   + ("" if out is None or str(out) == "-" else f" -> {out}"), err=True)
+        return
+    if out is None:
+        raise click.UsageError("Missing option '--out' (the scores' output file; '-' for stdout).")
     from fastscore.score_run import run_score
 
     run = run_score(requests, out, model=model, backend=backend, quant=quant, hf_path=hf_path, threads=threads,

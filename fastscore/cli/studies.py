@@ -51,9 +51,13 @@ from fastscore.study.envs import ENVS
 def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_end_of_turn, out, data, resume, threads,
           max_new_tokens, n_boot, hf_path, sandbox, sensitivity) -> None:
     """Run the corrective-gain study end to end and write its results, report and plots into --out."""
+    from fastscore.deps import check_extras, extras_for_backend
     from fastscore.registry import default_model
     from fastscore.study.report import headline
     from fastscore.study.runner import DEFAULT_LIMIT, StudyConfig, run_study
+
+    check_extras(*extras_for_backend(backend), purpose=f"fastscore study on {backend}")
+    warn_without_plots()
 
     model = model or default_model()
     config = StudyConfig(
@@ -69,6 +73,15 @@ def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_e
     click.echo(f"results in {outcome.out_dir}/ (report.md, summary.json, scores.jsonl, plots)")
 
 
+def warn_without_plots() -> None:
+    """The plots are the one optional part of a study: without matplotlib it runs and says so before it starts."""
+    from fastscore.deps import has_extra, pip_line
+
+    if not has_extra("study"):
+        click.echo(f"Note: matplotlib is not installed, so no plots will be drawn (the tables and report are); for "
+                   f"them: {pip_line(['study'])}", err=True)
+
+
 @main.command("report-html")
 @click.argument("study_out", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
@@ -77,8 +90,13 @@ def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_e
 def report_html(study_out, threads, rescore) -> None:
     """Write STUDY_OUT/report.html: summary tables, plots and a per-item explorer of the failed action's tokens
     (their log-probs before and after the failure record are scored once into tokens.jsonl, with the study's model)."""
+    from fastscore.deps import check_extras, extras_for_backend
     from fastscore.study.report_html import write_report_html
+    from fastscore.study.report_html_deps import scoring_backend
 
+    backend = scoring_backend(study_out, rescore)  # None: the tokens are scored already
+    if backend is not None:
+        check_extras(*extras_for_backend(backend), purpose=f"scoring the report's tokens on {backend}")
     click.echo(f"wrote {write_report_html(study_out, threads=threads, rescore=rescore)}")
 
 
@@ -117,8 +135,14 @@ def sweep(models, variants, envs, failures, limit, shard_size, out, data, seed, 
           threads, max_new_tokens, n_boot, sandbox, allow_stand_ins) -> None:
     """Run the study over a grid of models x variants x environments x failure sources, resumable by shard, in this
     process or on Ray, and write the cross-model summary (summary.md, summary.json, a plot) into --out."""
+    from fastscore.deps import check_extras, extras_for_backend
+    from fastscore.sweep.grid import parse_variant
     from fastscore.sweep.run import SweepConfig, run_sweep
 
+    backends = [parse_variant(v)[0] for v in csv_list(variants)]
+    check_extras(*(e for b in backends for e in extras_for_backend(b)), *(["ray"] if ray_address else []),
+                 purpose="fastscore sweep" + (" --ray" if ray_address else ""))
+    warn_without_plots()
     config = SweepConfig(
         models=tuple(m.strip() for m in models.split(",") if m.strip()), variants=tuple(csv_list(variants)),
         envs=tuple(csv_list(envs)),

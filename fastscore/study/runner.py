@@ -351,10 +351,12 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
 
 def _write_report(config, store, rows, summary, weights, skipped, errors, timer, resumed):
     with timer("report and plots"):
+        from fastscore.deps import has_extra
         from fastscore.study.plots import write_plots
         from fastscore.study.report import report_meta, write_report
 
-        plots = write_plots(rows, summary, Path(config.out_dir))  # before the report, which links the plots
+        # before the report, which links the plots; without matplotlib (announced at the start) there are none
+        plots = write_plots(rows, summary, Path(config.out_dir)) if has_extra("study") else []
         meta = report_meta(config, weights, skipped, errors, timer.seconds, resumed, timer.tokens)
         meta["greedy_from"] = ("the scoring pass's argmax chain where a candidate's chain is complete (exact type), "
                                "decoded otherwise" if decode_plan(config).argmax_chain else "decoded")

@@ -225,7 +225,9 @@ def write_size_plot(path: Path, result: dict[str, Any], params: dict[str, int | 
         g = _g(c) if c["status"] == "done" else None
         if g is not None and params.get(c["model"]):
             points.setdefault(f"{c['env']} · {c['failures']} · {c['variant']}", []).append((params[c["model"]], g))
-    if not points:
+    from fastscore.deps import has_extra
+
+    if not points or not has_extra("study"):  # no matplotlib: announced when the sweep started
         return None
     from fastscore.study.plots import pyplot
 
