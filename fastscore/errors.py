@@ -154,3 +154,9 @@ class SweepError(FastscoreError):
     """A sweep shard failed where it ran (a Ray worker, or a worker that kept dying); the message names the shard."""
 
     exit_code = 11
+
+
+class ReproductionError(FastscoreError):
+    """Committed study rows are not reproduced by the running code (a sharded run's mixing check, or verify)."""
+
+    exit_code = 12

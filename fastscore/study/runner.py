@@ -333,6 +333,15 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
         files = tuple(store.path(name) for name in store.existing_files())
         return StudyOutcome(Path(config.out_dir), counts, len(errors), n_resumed, {}, dict(timer.seconds),
                             time.perf_counter() - started, files)
+    return summarise_and_report(config, store, items, skipped, weights, timer, errors=errors, resumed=resumed,
+                                started=started, n_resumed=n_resumed)
+
+
+def summarise_and_report(config: StudyConfig, store: StudyStore, items: list[Item], skipped: list[Skipped],
+                         weights: str, timer: StageTimer, *, errors: list[dict[str, Any]], resumed: bool,
+                         started: float, n_resumed: int) -> StudyOutcome:
+    """The study's analysis of a folder whose rows are stored: summary.json, report.md and plots. A sharded run
+    (fastscore.study.shards.merge) feeds the rows of all its shards through here, as one run of the same config."""
     with timer("summarise"):
         rows = read_score_rows(store.path(SCORES_FILE))
         summary = summarize(rows, seed=config.seed, n_boot=config.n_boot)

@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fastscore.errors import SweepError
@@ -43,10 +43,12 @@ class ShardDone:
     n_item_errors: int
     seconds: float
     worker: str  # "pid@host" of the process that ran it
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # this run's stages (empty: resumed as committed)
 
     @classmethod
     def from_dict(cls, raw: dict) -> ShardDone:
-        return cls(**{k: raw[k] for k in ("key", "n_items", "n_item_errors", "seconds", "worker")})
+        return cls(**{k: raw[k] for k in ("key", "n_items", "n_item_errors", "seconds", "worker")},
+                   stage_seconds=raw.get("stage_seconds", {}))
 
 
 def shard_dir(out_dir: Path, shard: Shard) -> Path:
@@ -84,7 +86,8 @@ class ShardRunner:
         )  # fmt: skip
         outcome = run_study(config, scorer=self._scorer(cell), report=False, items={cell.env: self._items(cell.env)})
         record = ShardDone(shard.key, sum(outcome.n_items.values()), outcome.n_item_errors,
-                           round(time.perf_counter() - started, 3), f"{os.getpid()}@{socket.gethostname()}")
+                           round(time.perf_counter() - started, 3), f"{os.getpid()}@{socket.gethostname()}",
+                           {stage: round(seconds, 3) for stage, seconds in outcome.stage_seconds.items()})
         write_text_atomic(partial / DONE_FILE, json.dumps({**asdict(record), "shard": shard.to_dict()}, indent=2))
         os.replace(partial, final)  # the commit: one rename of the whole folder
         log.info("shard %s: %d items in %.1f s", shard.key, record.n_items, record.seconds)
