@@ -9,8 +9,9 @@ file was fsynced. The marker records:
 Every time a variant is served, sizes and fingerprints are checked (a few MB read: catches truncation and zeroed
 tails), and each file's SHA-256 is taken again unless its identity (device, inode, size, mtime and ctime) is the one
 recorded in `.verified` when it was last hashed. Any write changes the ctime, which no user call can set back (os.utime
-sets mtime, not ctime), so a changed byte is caught before the variant scores anything; the full hash then costs
-about 1.5 s per GB (docs/exactness.md), paid once per change. `fastscore models verify` hashes everything.
+sets mtime, not ctime), so a changed byte is caught before the variant scores anything. The full hash (~2 s for
+the 135M's 540 MB f32 GGUF on a busy 2-core machine, docs/exactness.md) is paid once per change, not per load.
+`fastscore models verify` hashes everything.
 """
 
 from __future__ import annotations
