@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from fastscore.backends.base import Decoder
+from fastscore.backends.options import KV_CACHE_TYPES
 from fastscore.errors import BenchmarkError, RequestError
 
 
@@ -324,7 +325,7 @@ def _main() -> None:
     @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
     @click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1))
     @click.option("--pp-tokens", default=512, show_default=True, type=click.IntRange(min=2))
-    @click.option("--kv-type", default="f32", show_default=True, type=click.Choice(["f32", "f16", "q8_0"]))
+    @click.option("--kv-type", default="f32", show_default=True, type=click.Choice(list(KV_CACHE_TYPES)))
     @click.option("--cores-cell", default="256x32", show_default=True,
                   help="LENGTHxSTREAMS decoded by 1 process x T threads and T processes x 1 thread; 'none' skips it.")
     @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path))

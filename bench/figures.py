@@ -22,6 +22,7 @@ from fastscore.bench.roofline import (
     ratio,
     workload_flops,
 )
+from fastscore.variants import VARIANTS
 
 TARGETS = {
     "end_to_end_speedup": 10.0,  # fastscore (best llama.cpp type) vs the transformers reference, each request alone
@@ -36,7 +37,8 @@ TARGETS = {
     "greedy_vs_prefill": 0.8,
 }
 ROOFLINE_CONFIGS = ("llamacpp:f32", "llamacpp:f16", "onnx:fp32")
-EXACT_CONFIGS = ("llamacpp:f32", "onnx:fp32")  # batch-invariant: what fastscore scores with by default
+# Batch-invariant: what fastscore scores with by default.
+EXACT_CONFIGS = tuple(v.label for v in VARIANTS if v.full_precision and v.in_bench)
 GREEDY_TARGET_MIN_CONTEXTS = 32
 
 

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 DEFAULT_CONFIGS: tuple[tuple[str, str], ...] = tuple((v.backend, v.quant) for v in VARIANTS if v.in_bench)
 # The batch-invariant configurations (fastscore's defaults are exact): their end-to-end time is what the
 # transformers peers are compared with.
-EXACT_CONFIGS: tuple[tuple[str, str], ...] = (("llamacpp", "f32"), ("onnx", "fp32"))
+EXACT_CONFIGS: tuple[tuple[str, str], ...] = tuple((v.backend, v.quant) for v in VARIANTS
+                                                  if v.full_precision and v.in_bench)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from fastscore.deps import require
 from fastscore.errors import ArtefactUnavailableError, ConversionCheckError, ConversionError
+from fastscore.mathops import log_softmax_rows
 from fastscore.variants import quants
 
 log = logging.getLogger(__name__)
@@ -291,11 +292,11 @@ def check_export(
     del model
 
     session = DecoderSession(onnx_dir)
-    full = _log_softmax(session.run_sequence(tokens, 0)[0])
+    full = log_softmax_rows(session.run_sequence(tokens, 0)[0])
     half = n_tokens // 2
     head, past = session.run_sequence(tokens[:half], 0)
     tail, _ = session.run_sequence(tokens[half:], 0, past, past_len=half)
-    split = _log_softmax(np.concatenate([head, tail]))
+    split = log_softmax_rows(np.concatenate([head, tail]))
     if not (np.isfinite(full).all() and np.isfinite(split).all()):
         raise ConversionCheckError(f"the {quant} ONNX export in {onnx_dir} produced non-finite log-probs")
     measured = {
@@ -313,8 +314,3 @@ def check_export(
         raise ConversionCheckError(f"int8 ONNX export {onnx_dir} does not track torch: {measured}")
     return measured
 
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))

@@ -5,8 +5,13 @@ file was fsynced. The marker records:
 - `format` and `built_with`: the cache format and the versions of fastscore and of the packages that built the
   variant (llama-cpp-python for GGUFs, optimum/transformers/torch for ONNX, ...). A variant built by other versions
   counts as missing and is rebuilt: conversions made by older code must not be served as current.
-- `files`: each file's size, SHA-256 and a sampled fingerprint. Sizes and fingerprints are checked every time a
-  variant is served (a few MB read: catches truncation and zeroed tails), full hashes by `fastscore models verify`.
+- `files`: each file's size, SHA-256 and a sampled fingerprint.
+Every time a variant is served, sizes and fingerprints are checked (a few MB read: catches truncation and zeroed
+tails), and each file's SHA-256 is taken again unless its identity (device, inode, size, mtime and ctime) is the one
+recorded in `.verified` when it was last hashed. Any write changes the ctime, which no user call can set back (os.utime
+sets mtime, not ctime), so a changed byte is caught before the variant scores anything. The full hash (~2 s for
+the 135M's 540 MB f32 GGUF on a busy 2-core machine, docs/exactness.md) is paid once per change, not per load.
+`fastscore models verify` hashes everything.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from fastscore.outputs import fsync_path
 log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = ".complete"
+# Each file's identity when its SHA-256 last matched the marker (JSON: name -> identity); bookkeeping, not content.
+VERIFIED_STAMP = ".verified"
 # Bump when the layout of a variant folder or the way any variant is built changes in a way versions do not show.
 FORMAT_VERSION = 2
 # Packages whose versions decide what each kind of variant contains (by the folder name's prefix).
@@ -132,7 +139,38 @@ def sha256(path: Path) -> str:
 
 
 def _files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not _bookkeeping(p.relative_to(folder).as_posix()))
+
+
+def _bookkeeping(name: str) -> bool:
+    """The marker, the stamp and a stamp's scratch copy: records about the content, not content."""
+    return name == COMPLETE_MARKER or name.startswith(VERIFIED_STAMP)
+
+
+def identity(st: os.stat_result) -> list[int]:
+    """What changes whenever a file's bytes may have: a new file (device, inode), its size, mtime, and ctime, which
+    every write or utime call moves and no user call sets back."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _read_stamp(folder: Path) -> dict:
+    try:
+        stamp = json.loads((folder / VERIFIED_STAMP).read_text())
+    except (OSError, ValueError):
+        return {}
+    return stamp if isinstance(stamp, dict) else {}
+
+
+def _write_stamp(folder: Path, stamp: dict[str, list[int]]) -> None:
+    """Record each file's identity taken before it was hashed and found intact (a write during the hash moves its
+    ctime, so it is hashed again next time). A folder this user cannot write (a shared lab cache) keeps no stamp:
+    its files are then hashed on every load, which is slower but as safe."""
+    try:
+        scratch = folder / f"{VERIFIED_STAMP}.{os.getpid()}"
+        scratch.write_text(json.dumps(stamp, sort_keys=True) + "\n")
+        os.replace(scratch, folder / VERIFIED_STAMP)
+    except OSError as exc:
+        log.debug("no verify stamp written in %s (%s): its files are hashed on every load", folder, exc)
 
 
 def file_records(folder: Path) -> dict[str, dict]:
@@ -154,23 +192,30 @@ class Problem:
 
 
 def check_files(path: Path, *, full: bool = False) -> list[Problem]:
-    """What differs from the marker's record: sizes and fingerprints, and with `full` the SHA-256 of every byte."""
+    """What differs from the marker's record: sizes and fingerprints, and the SHA-256 of every byte of each file
+    changed since it was last hashed (of every file with `full`)."""
     marker = read_marker(path)
     if marker is None:
         return [Problem(COMPLETE_MARKER, "missing or unreadable completion marker")]
-    problems = []
+    stamp = _read_stamp(path)
+    problems, seen, hashed = [], {}, False
     for name, record in marker["files"].items():
         file = path / name
         if not file.is_file():
             problems.append(Problem(name, "missing"))
             continue
-        size = file.stat().st_size
-        if size != record["size"]:
-            problems.append(Problem(name, f"{size} bytes, built as {record['size']}"))
-        elif fingerprint(file, size) != record["fingerprint"]:
+        st = file.stat()
+        seen[name] = identity(st)
+        if st.st_size != record["size"]:
+            problems.append(Problem(name, f"{st.st_size} bytes, built as {record['size']}"))
+        elif fingerprint(file, st.st_size) != record["fingerprint"]:
             problems.append(Problem(name, "content differs from what was built (sampled blocks)"))
-        elif full and sha256(file) != record["sha256"]:
-            problems.append(Problem(name, "SHA-256 differs from what was built"))
+        elif full or stamp.get(name) != seen[name]:
+            hashed = True
+            if sha256(file) != record["sha256"]:
+                problems.append(Problem(name, "SHA-256 differs from what was built"))
+    if hashed and not problems:
+        _write_stamp(path, seen)
     return problems
 
 
@@ -194,6 +239,8 @@ def seal(folder: Path, variant: str) -> None:
     (folder / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
     fsync_path(folder / COMPLETE_MARKER)
     _share_with_group(folder)
+    # The files were just hashed into the marker; their identities are taken after the chmod, which moves ctimes.
+    _write_stamp(folder, {name: identity((folder / name).stat()) for name in marker["files"]})
     fsync_path(folder)
 
 

@@ -33,6 +33,7 @@ from functools import lru_cache
 import numpy as np
 
 from fastscore.backends.base import Decoder
+from fastscore.mathops import softmax
 
 
 END_OF_TURN = "end_of_turn"
@@ -139,17 +140,14 @@ def text_ban(token_bytes: tuple[bytes, ...], stop_ids: frozenset[int], n_vocab: 
 
 
 def _softmax_mass(logits: np.ndarray, ids: np.ndarray) -> float:
-    row = logits.astype(np.float64)
-    row = np.exp(row - row.max())
-    return float(row[ids].sum() / row.sum())
+    return float(softmax(logits)[ids].sum())
 
 
 def _sample(logits: np.ndarray, temperature: float, rngs: Sequence[np.random.Generator]) -> np.ndarray:
     """One token per row from softmax(row / temperature), by inverse CDF on the row's own uniform draw."""
     chosen = np.empty(len(rngs), dtype=np.int64)
     for row, rng in enumerate(rngs):
-        scaled = logits[row].astype(np.float64) / temperature
-        probs = np.exp(scaled - scaled.max())  # -inf (a banned token) becomes probability 0
+        probs = softmax(logits[row].astype(np.float64) / temperature)  # a banned token (-inf) gets 0
         cdf = np.cumsum(probs)
         chosen[row] = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cdf) - 1)
     return chosen

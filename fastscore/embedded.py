@@ -12,7 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
-from fastscore.cache import sha256
+from fastscore.cache import identity, sha256
 from fastscore.errors import ArtefactUnavailableError, DamagedArtefactError
 from fastscore.registry import ModelEntry, get
 
@@ -58,14 +58,15 @@ def _recorded(entry: ModelEntry, path: Path):
 def check_shipped(entry: ModelEntry, path: Path, state_file: Path | None = None) -> None:
     """Raise DamagedArtefactError unless the shipped file has the size and SHA-256 its wheel recorded.
 
-    The full hash is taken once per (inode, size, mtime) and remembered in `state_file`, so later loads cost a stat.
+    The full hash is taken once per identity (device, inode, size, mtime, ctime: fastscore.cache.identity) and
+    remembered in `state_file`, so later loads cost a stat; any write to the file moves its ctime.
     """
     record = _recorded(entry, path)
     if record is None:
         log.warning("%s: the wheel has no RECORD entry for it; not verified", path)
         return
     st = path.stat()
-    key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{record.hash.value}"
+    key = ":".join(map(str, [*identity(st), record.hash.value]))
     if state_file is not None and state_file.is_file() and state_file.read_text().strip() == key:
         return
     problem = None

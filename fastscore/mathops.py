@@ -44,6 +44,14 @@ def logsumexp_rows(logits: np.ndarray, exact_exp: bool = False) -> np.ndarray:
     return out
 
 
+def softmax(values) -> np.ndarray:
+    """float64 probabilities proportional to exp(values) of one 1-D vector (a candidate set's log-probs, a logits
+    row); -inf entries get probability 0."""
+    x = np.asarray(values, dtype=np.float64)
+    shifted = np.exp(x - x.max())
+    return shifted / shifted.sum()
+
+
 def log_softmax_rows(logits: np.ndarray) -> np.ndarray:
     """float64 [n_rows, n_vocab]: the log-softmax of each row."""
     rows = _as_rows(logits)

@@ -2,8 +2,8 @@
 
 It names the fastscore version, the model, backend, quant and weights (with the weights note), the settings that
 decide exactness (backend options such as the KV-cache type, the context size, whether the end-of-turn token is
-scored), a hash of the tokenizer, the library versions, the command and the time. Quantised llama.cpp types give
-scores that depend on how requests are batched (docs/quantisation.md); the metadata says so where it applies.
+scored), a hash of the tokenizer, the library versions, the command and the time, and how far the scores may move
+with the batching (the tolerance and what was measured for the backend and type: docs/exactness.md).
 """
 
 from __future__ import annotations
@@ -16,11 +16,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fastscore import __version__
+from fastscore import __version__, variants
+from fastscore.backends.options import ARITHMETIC_OPTIONS
 
 META_SUFFIX = ".meta.json"
 LIBRARIES = ("llama-cpp-python", "onnxruntime", "torch", "transformers", "tokenizers", "jinja2", "numpy")
-EXACT_QUANTS = frozenset({"f32", "fp32"})
+# How fastscore.variants' batch_max_diff values were measured.
+BATCH_MEASUREMENT = ("max |log-prob change| per token over chunk sizes 1, 2, 3, 8, 17, 64, one trie group per request "
+                     "and micro-batches of 32, SmolLM2-135M on examples/tool_calls.jsonl (tests/test_exact_default.py)")
 
 
 def meta_path(out: Path) -> Path:
@@ -74,13 +77,45 @@ def versions_markdown(records: list[dict[str, Any]]) -> str:
     return "## Versions\n\n" + "\n".join(lines)
 
 
+def batch_invariance(backend: str, quant: str, backend_options=None) -> dict[str, Any]:
+    """Whether scores of (backend, quant) depend on how requests are batched: True, False, or None where it was not
+    measured (the type, or backend options other than the defaults it was measured with); with the tolerance, the
+    measured value and a note."""
+    measured = variants.get(backend, quant).batch_max_diff
+    tol = variants.BATCH_INVARIANCE_TOL
+    changed = _non_default(backend_options)
+    if measured is not None and changed:
+        measured = None
+        what = f"with {', '.join(changed)}"
+    else:
+        what = f"for {backend} {quant}"
+    if backend == "reference":
+        dependent, note = False, "each request runs alone in its own forward pass: nothing is batched"
+    elif measured is None:
+        dependent, note = None, f"batch dependence not measured {what}"
+    else:
+        dependent = measured > tol
+        note = (f"measured max {measured:.2g} nats/token between batchings ({BATCH_MEASUREMENT}); "
+                f"tolerance {tol:g}" + ("; scores depend on the batching: compare runs batched alike"
+                                        if dependent else ""))
+    return {"batch_dependent": dependent, "batch_tolerance": tol, "batch_max_abs_diff_measured": measured,
+            "note": note}
+
+
+def _non_default(backend_options) -> list[str]:
+    """The options (key=value) of a record that change the scoring arithmetic and differ from their defaults (the
+    settings the batch dependence was measured with); options that only lay out the batch do not count."""
+    if not dataclasses.is_dataclass(backend_options):
+        return []
+    default = type(backend_options)()
+    return [f"{name}={getattr(backend_options, name)}" for name in ARITHMETIC_OPTIONS
+            if getattr(backend_options, name, None) != getattr(default, name, None)]
+
+
 def run_metadata(scorer, *, model: str, backend: str, quant: str, backend_options=None, command: str = "",
                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The metadata of scores produced by `scorer` (a fastscore.scorer.Scorer)."""
     options = dataclasses.asdict(backend_options) if dataclasses.is_dataclass(backend_options) else {}
-    batch_note = ("" if backend != "llamacpp" or quant in EXACT_QUANTS else
-                  f"llama.cpp {quant} scores depend on batch composition (up to ~0.1-1 nats on single tokens): "
-                  "compare runs batched alike")
     found = versions()
     return {
         "fastscore_version": found["fastscore_version"],
@@ -95,8 +130,7 @@ def run_metadata(scorer, *, model: str, backend: str, quant: str, backend_option
             "n_ctx": scorer.backend.n_ctx,
             "threads": scorer.backend.n_threads,
             "include_end_of_turn": scorer.include_end_of_turn,
-            "batch_dependent": bool(batch_note),
-            "note": batch_note,
+            **batch_invariance(backend, quant, backend_options),
         },
         "top_k": scorer.top_k,
         "tokenizer": {"path": scorer.tokenizer.name, "sha256": tokenizer_sha256(scorer.tokenizer),

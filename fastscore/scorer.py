@@ -34,6 +34,7 @@ from fastscore.errors import (
     RequestError,
     TokenizationError,
 )
+from fastscore.mathops import softmax
 from fastscore.records import (
     CandidateSet,
     CandidateSetResult,
@@ -60,9 +61,7 @@ class PreparedRequest:
 
 def set_probabilities(logprobs: Sequence[float]) -> tuple[float, ...]:
     """Softmax over a candidate set: each candidate's share of the set's total probability."""
-    x = np.asarray(logprobs, dtype=np.float64)
-    shifted = np.exp(x - x.max())
-    return tuple(float(p) for p in shifted / shifted.sum())
+    return tuple(float(p) for p in softmax(logprobs))
 
 
 class Scorer:

@@ -1,11 +1,12 @@
 """The artefact cache verifies what it serves. Every corruption is made on a copy of a tiny model's variants in the
 test's own FASTSCORE_HOME, never in the shared cache: a zeroed GGUF tail, NaN weights, a broken tokenizer, truncated
-fp32 weights. Each ends in a one-line error (exit 4) naming the artefact and the command that rebuilds it, and that
-command works."""
+fp32 weights, one byte flipped in place with the file's mtime put back. Each ends in a one-line error (exit 4) naming
+the artefact and the command that rebuilds it, and that command works."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
 from pathlib import Path
@@ -51,7 +52,7 @@ def test_a_variant_built_by_other_versions_or_an_older_fastscore_counts_as_missi
 
 
 @pytest.mark.parametrize("damage", ["truncate", "zero tail", "flip a middle byte"])
-def test_size_and_sampled_content_are_checked_and_full_hashes_on_demand(tmp_path, damage):
+def test_every_damage_is_caught_by_the_check_made_on_each_load(tmp_path, damage):
     final = tmp_path / "gguf-f32"
     with cache.atomic_dir(final) as scratch:
         (scratch / "model.gguf").write_bytes(np.random.default_rng(0).bytes(8 << 20))
@@ -62,11 +63,75 @@ def test_size_and_sampled_content_are_checked_and_full_hashes_on_demand(tmp_path
     elif damage == "zero tail":
         data[-(2 << 20):] = bytes(2 << 20)
     else:
-        data[(3 << 20) + 12345] ^= 0xFF  # between the sampled blocks: only the full hash sees it
+        data[(3 << 20) + 12345] ^= 0xFF  # between the sampled blocks: the fingerprint misses it, the hash does not
     path.write_bytes(bytes(data))
     quick, full = cache.check_files(final), cache.check_files(final, full=True)
     print(damage, quick, full)
-    assert full and (quick or damage == "flip a middle byte")
+    assert quick and full
+
+
+def _flip_middle_byte(path: Path) -> None:
+    """One byte between the fingerprint's sampled blocks, in place: the size and the inode stay."""
+    before = path.stat()
+    with open(path, "r+b") as fh:
+        fh.seek(before.st_size // 2 + 777)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+    after = path.stat()
+    assert (after.st_size, after.st_ino) == (before.st_size, before.st_ino)
+
+
+@pytest.fixture
+def counted_hashes(monkeypatch):
+    """The files cache.sha256 reads, in order (the real hash, instrumented)."""
+    read, real = [], cache.sha256
+
+    def counting(path):
+        read.append(Path(path).name)
+        return real(path)
+
+    monkeypatch.setattr(cache, "sha256", counting)
+    return read
+
+
+def test_an_unchanged_file_is_hashed_once_and_a_flipped_byte_with_its_mtime_restored_is_caught(tmp_path,
+                                                                                            counted_hashes):
+    final = tmp_path / "gguf-f32"
+    with cache.atomic_dir(final) as scratch:
+        (scratch / "model.gguf").write_bytes(np.random.default_rng(1).bytes(8 << 20))
+    path = final / "model.gguf"
+    sealed = len(counted_hashes)
+    assert cache.check_files(final) == [] and len(counted_hashes) == sealed  # stamped at sealing: a stat, no hash
+    before = path.stat()
+    _flip_middle_byte(path)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # size, inode and mtime as verified: ctime moved
+    assert path.stat().st_mtime_ns == before.st_mtime_ns
+    problems = cache.check_files(final)
+    print(problems)
+    assert [p.what for p in problems] == ["SHA-256 differs from what was built"]
+    assert counted_hashes[sealed:] == ["model.gguf"]
+
+
+def test_a_damaged_copy_put_in_place_with_the_same_size_and_mtime_is_caught(tmp_path, counted_hashes):
+    final = tmp_path / "gguf-f32"
+    with cache.atomic_dir(final) as scratch:
+        (scratch / "model.gguf").write_bytes(np.random.default_rng(2).bytes(8 << 20))
+    path, copy = final / "model.gguf", tmp_path / "copy.gguf"
+    shutil.copy2(path, copy)  # copy2 keeps the mtime
+    _flip_middle_byte(copy)
+    os.utime(copy, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+    os.replace(copy, path)  # a new inode under the old name
+    problems = cache.check_files(final)
+    print(problems)
+    assert [p.what for p in problems] == ["SHA-256 differs from what was built"]
+    # Once repaired (the bytes put back), the new file is hashed once, stamped, and then served on a stat.
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 + 777] ^= 0xFF
+    path.write_bytes(bytes(data))
+    n = len(counted_hashes)
+    assert cache.check_files(final) == [] and cache.check_files(final) == []
+    assert len(counted_hashes) == n + 1
 
 
 # ---------------------------------------------------------------- the CLI on a damaged copy of a tiny model
@@ -165,17 +230,24 @@ def test_truncated_fp32_weights_are_refused_by_the_reference_backend(tiny_copy, 
     _damaged(result, "hf-fp32", "model.safetensors")
 
 
+def test_a_flipped_byte_in_a_cached_gguf_is_refused_before_scoring_even_with_its_mtime_restored(tiny_copy, tmp_path):
+    model, variants, requests = tiny_copy
+    assert _score(model, requests, tmp_path / "good.jsonl").exit_code == 0  # stamps the copy's new inodes
+    gguf = variants / "gguf-f32" / "model.gguf"
+    before = gguf.stat()
+    _flip_middle_byte(gguf)
+    os.utime(gguf, ns=(before.st_atime_ns, before.st_mtime_ns))
+    _damaged(_score(model, requests, tmp_path / "bad.jsonl"), "gguf-f32", "SHA-256", "--force")
+    assert not (tmp_path / "bad.jsonl").exists()  # nothing was scored
+
+
 def test_models_verify_finds_what_sampling_misses(tiny_copy):
     model, variants, _ = tiny_copy
     ok = CliRunner().invoke(main, ["models", "verify", model])
     print(ok.output)
     assert ok.exit_code == 0 and "0 damaged" in ok.output
     gguf = variants / "gguf-f32" / "model.gguf"
-    with open(gguf, "r+b") as fh:
-        fh.seek(gguf.stat().st_size // 2 + 777)
-        byte = fh.read(1)
-        fh.seek(-1, 1)
-        fh.write(bytes([byte[0] ^ 0xFF]))
+    _flip_middle_byte(gguf)
     bad = CliRunner().invoke(main, ["models", "verify", model])
     print(bad.output)
     assert bad.exit_code == 4 and "gguf-f32" in bad.output and "SHA-256 differs" in bad.output

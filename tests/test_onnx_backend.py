@@ -14,9 +14,10 @@ from fastscore.engine.trie import common_prefix, distinct_prefix_count
 from fastscore.conversion.hf_to_onnx import LOGITS_START, export_onnx
 from fastscore.errors import ArtefactUnavailableError, ContextTooLongError, ConversionError
 from fastscore.records import TokenRequest
+from fastscore.variants import BATCH_INVARIANCE_TOL
 
 FP32_TOL = 1e-3  # nats per scored token, ONNX fp32 vs torch fp32
-EXACT_TOL = 1e-5  # the same graph scoring the same sequence with different batching / sharing
+EXACT_TOL = BATCH_INVARIANCE_TOL  # the same graph scoring the same sequence with different batching / sharing
 # int8 weights (one scale per 32) on the tiny random model, measured: mean |diff| ~0.03, max ~0.3 nats.
 INT8_MEAN_TOL, INT8_MAX_TOL = 0.1, 1.0
 

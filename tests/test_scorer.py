@@ -13,6 +13,7 @@ from fastscore.mathops import gather_logprobs
 from fastscore.records import CandidateSet, Message, ScoreRequest
 from fastscore.scorer import Scorer
 from fastscore.tokenizer import Tokenizer
+from fastscore.variants import BATCH_INVARIANCE_TOL
 
 USER = (Message("user", "What is 2 + 2?"),)
 CONTINUATIONS = ["4", "The answer is 4.", " leading space", "two\nlines\n", "ünïcödé ✓ 日本", 'print("hi")  ']
@@ -52,7 +53,7 @@ def test_logprobs_match_the_model_run_on_the_whole_rendered_text(fake_scorer):
     [result] = fake_scorer.score([ScoreRequest("r", USER, "The answer is 4.")])
     diff = np.abs(np.array(result.token_logprobs) - expected).max()
     print("max |scorer - sequential| =", diff)
-    assert result.n_tokens == n_scored and diff < 1e-5
+    assert result.n_tokens == n_scored and diff <= BATCH_INVARIANCE_TOL
 
 
 STRADDLE_TEMPLATE = (

@@ -58,3 +58,22 @@ def test_backend_options_are_typed_and_checked():
         LlamaCppOptions(kv_type="f8")
     with pytest.raises(RequestError):
         parse_options("reference", ["threads=2"])
+
+
+def test_meta_json_claims_batch_invariance_only_where_it_was_measured_within_the_tolerance():
+    from fastscore.provenance import batch_invariance
+
+    def dependent(backend, quant, options=None):
+        return batch_invariance(backend, quant, options)["batch_dependent"]
+
+    f32 = variants.get("llamacpp", "f32")
+    assert f32.batch_max_diff is not None and f32.batch_max_diff <= variants.BATCH_INVARIANCE_TOL
+    assert dependent("llamacpp", "f32") is False
+    assert dependent("llamacpp", "f32", LlamaCppOptions(n_ctx=8192, max_group_tokens=64)) is False  # layout only
+    assert dependent("llamacpp", "f32", LlamaCppOptions(kv_type="f16")) is None  # other arithmetic: not measured
+    assert dependent("llamacpp", "q4_1") is True
+    assert dependent("llamacpp", "q8_0") is None and dependent("onnx", "fp32") is None
+    assert dependent("reference", "fp32") is False  # every request alone
+    record = batch_invariance("llamacpp", "f32")
+    assert record["batch_tolerance"] == variants.BATCH_INVARIANCE_TOL
+    assert record["batch_max_abs_diff_measured"] == f32.batch_max_diff

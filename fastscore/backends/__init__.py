@@ -5,23 +5,14 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from fastscore.errors import UnknownBackendError
-from fastscore.registry import suggest
-
-# name -> (module, class). Modules are imported only when the backend is chosen.
-BACKENDS: dict[str, tuple[str, str]] = {
-    "llamacpp": ("fastscore.backends.llamacpp", "LlamaCppBackend"),
-    "onnx": ("fastscore.backends.onnx", "OnnxBackend"),
-    "reference": ("fastscore.backends.reference", "ReferenceBackend"),
-}
+from fastscore.backends.options import BACKENDS
+from fastscore.variants import check_backend
 
 
 def backend_class(name: str):
-    if name not in BACKENDS:
-        known = sorted(BACKENDS)
-        raise UnknownBackendError(f"unknown backend {name!r}.{suggest(name, known)} Known backends: {', '.join(known)}")
-    module, cls = BACKENDS[name]
-    return getattr(importlib.import_module(module), cls)
+    check_backend(name)
+    kind = BACKENDS[name]
+    return getattr(importlib.import_module(kind.module), kind.cls)
 
 
 def load(name: str, path: Path, *, n_threads: int | None = None, options=None, progress: bool = False,

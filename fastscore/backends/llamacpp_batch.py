@@ -13,12 +13,11 @@ from typing import Any
 import numpy as np
 
 from fastscore.backends.llamacpp_abort import AbortOnInterrupt
+from fastscore.backends.options import FLASH_ATTN_MODES, KV_CACHE_TYPES
 from fastscore.errors import BackendError
 from fastscore.engine.plan import Batch
 
 
-KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8}  # ggml_type ids of the KV cache types offered
-FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 
 
 @dataclass(frozen=True)
@@ -48,8 +47,8 @@ def new_context(L, model, n_ctx: int, n_batch: int, s: ContextSettings, unified:
     params.n_outputs_max_per_seq = 0  # the default (1) would allow one output row per sequence
     params.n_threads = s.n_threads
     params.n_threads_batch = s.n_threads
-    params.flash_attn_type = FLASH_ATTN[s.flash_attn]
-    params.type_k = params.type_v = KV_TYPES[s.kv_type]
+    params.flash_attn_type = FLASH_ATTN_MODES[s.flash_attn]
+    params.type_k = params.type_v = KV_CACHE_TYPES[s.kv_type].ggml_type
     params.no_perf = True
     if s.eval_callback is not None:
         params.cb_eval = s.eval_callback

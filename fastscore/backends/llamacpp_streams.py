@@ -24,13 +24,13 @@ import numpy as np
 
 from fastscore.backends.kvcache import GroupedDecoder, MeteredSession
 from fastscore.backends.llamacpp_batch import ContextSettings, LlamaSession, new_context
+from fastscore.backends.options import KV_CACHE_TYPES
 from fastscore.engine.plan import Batch, step_batch
 from fastscore.engine.trie import Node, Trie
 
 log = logging.getLogger(__name__)
 
 CELL_PAD = 256  # llama.cpp pads the attended cell count to 256; a stream's size is rounded the same way
-KV_BYTES = {"f32": 4, "f16": 2, "q8_0": 34 / 32}
 
 
 def padded(n_cells: int) -> int:
@@ -67,7 +67,7 @@ def stream_groups(lengths: Sequence[int], order: Sequence[int], reserve: int, ma
 
 def kv_cell_bytes(n_layer: int, n_head_kv: int, key_length: int, value_length: int, kv_type: str) -> float:
     """Bytes of K and V one cell holds over all layers, as the KV type stores them."""
-    return n_layer * n_head_kv * (key_length + value_length) * KV_BYTES[kv_type]
+    return n_layer * n_head_kv * (key_length + value_length) * KV_CACHE_TYPES[kv_type].bytes_per_value
 
 
 def kv_bytes_per_cell(L, model, kv_type: str) -> float:

@@ -11,11 +11,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastscore.errors import RequestError, SettingsError, UnknownBackendError
+from fastscore.errors import RequestError, SettingsError
+from fastscore.variants import check_backend
 
-FLASH_ATTN_MODES = ("auto", "off", "on")
-KV_CACHE_TYPES = ("f32", "f16", "q8_0")
+# llama.cpp's flash-attention modes by name: the value of its llama_flash_attn_type.
+FLASH_ATTN_MODES = {"auto": -1, "off": 0, "on": 1}
+
+
+@dataclass(frozen=True)
+class KVCacheType:
+    ggml_type: int  # its ggml_type id (llama_context_params.type_k/type_v)
+    bytes_per_value: float  # memory per stored key or value element (q8_0: 32 values in 34 bytes)
+
+
+# The KV-cache types offered by name: the one table the options check, the llama.cpp context and the memory
+# planner read.
+KV_CACHE_TYPES = {"f32": KVCacheType(0, 4.0), "f16": KVCacheType(1, 2.0), "q8_0": KVCacheType(8, 34 / 32)}
 DECODE_KV_LAYOUTS = ("streams", "unified")
+# Options that change the scoring arithmetic, not only how the batch is laid out (meta.json's batch dependence was
+# measured at their defaults).
+ARITHMETIC_OPTIONS = ("kv_type", "flash_attn")
 
 
 DEFAULT_N_CTX = 4096  # llama.cpp's context when n_ctx is not given, or the model's trained context if smaller
@@ -89,15 +104,26 @@ class ReferenceOptions:
     """The reference is deliberately plain: nothing to tune."""
 
 
-OPTIONS: dict[str, type] = {"llamacpp": LlamaCppOptions, "onnx": OnnxOptions, "reference": ReferenceOptions}
+@dataclass(frozen=True)
+class BackendKind:
+    options: type  # its typed options record
+    module: str  # imported only when the backend is chosen (fastscore.backends.backend_class)
+    cls: str
+
+
+# The one list of backends by name (fastscore.variants holds their weights types).
+BACKENDS: dict[str, BackendKind] = {
+    "llamacpp": BackendKind(LlamaCppOptions, "fastscore.backends.llamacpp", "LlamaCppBackend"),
+    "onnx": BackendKind(OnnxOptions, "fastscore.backends.onnx", "OnnxBackend"),
+    "reference": BackendKind(ReferenceOptions, "fastscore.backends.reference", "ReferenceBackend"),
+}
 
 
 def options_for(backend: str, fields: Mapping[str, Any] | None = None):
     """The backend's options record with `fields` set; a field the backend lacks is a RequestError naming the
     valid ones."""
-    if backend not in OPTIONS:
-        raise UnknownBackendError(f"unknown backend {backend!r}; known: {', '.join(OPTIONS)}")
-    cls = OPTIONS[backend]
+    check_backend(backend)
+    cls = BACKENDS[backend].options
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(fields or {}) - set(names))
     if unknown:
@@ -117,7 +143,8 @@ def parse_options(backend: str, pairs: Sequence[str]):
     """`key=value` strings (the CLI's --backend-option) -> the backend's options record, values typed by field. A
     key given twice with different values is a SettingsError: neither silently wins."""
     fields: dict[str, Any] = {}
-    cls = OPTIONS.get(backend, ReferenceOptions)
+    check_backend(backend)
+    cls = BACKENDS[backend].options
     for pair in pairs:
         key, sep, text = pair.partition("=")
         key = key.strip().replace("-", "_")

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from fastscore.errors import DataError
+from fastscore.mathops import softmax
 from fastscore.study.conditions import (  # the study's vocabulary, re-exported for the tables' readers
     CLEAN_RETRY_SEEDED,
     CONDITIONS,
@@ -77,8 +78,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     top = np.max(x)
     if not np.isfinite(top):
         raise DataError("every candidate has log-probability -inf")
-    e = np.exp(x - top)
-    return e / e.sum()
+    return softmax(x)
 
 
 # ---------------------------------------------------------------- per-env tables
