@@ -143,9 +143,16 @@ def _extras() -> frozenset[str]:
     return frozenset(project["optional-dependencies"])
 
 
+# Words that may stand before the command itself (`CI=true nice -n 10 .venv/bin/fastscore ...`); a `fastscore`
+# further on is an argument of another program (`lm_eval --model fastscore`), not a command of ours.
+_LAUNCHERS = re.compile(r"^(\w+=\S*|sudo|time|nice|env|exec|timeout|-n|\d+|(\S*/)?python3?(\.\d+)?)$")
+
+
 def check_words(words: list[str]) -> str | None:
     """Check one simple command; returns what kind it was (None: not ours to check)."""
     for k, word in enumerate(words):
+        if k and not _LAUNCHERS.match(words[k - 1]):
+            break
         if word == "fastscore" or word.endswith("/fastscore"):
             check_fastscore(words[k:])
             return "fastscore"
@@ -226,6 +233,8 @@ def test_the_checker_refuses_what_the_cli_refuses() -> None:
     check_shell("fastscore score requests.jsonl --out s.jsonl --top-k 5 --format parquet  # fine\n")
     check_shell("fastscore models list && fastscore --version; make test-all")
     check_shell("fastscore sweep --ray")  # prose naming an option that takes a value
+    check_shell("fastscore-lm-eval --model fastscore --model_args backend=llamacpp --tasks t")  # not our command
+    check_shell("CI=true nice -n 10 .venv/bin/python -m fastscore.study.caps --help")
     refused = {
         "fastscore score requests.jsonl --out s.jsonl --no-such-option 3": "No such option '--no-such-option'",
         "fastscore score requests.jsonl --out s.jsonl --resume --on-error skip --thread 2": "No such option '--thread'",
