@@ -7,10 +7,9 @@
 Importing this package imports no backend: heavy libraries load when a model is loaded.
 """
 
-__version__ = "0.1.0"
-
-from fastscore.api import Session, candidate_rows, load, to_frame  # noqa: E402
-from fastscore.records import CandidateSetResult, GreedyResult, Message, ScoreResult  # noqa: E402
+from fastscore.api import Session, candidate_rows, load, to_frame
+from fastscore.records import CandidateSetResult, GreedyResult, Message, ScoreResult
+from fastscore.version import __version__
 
 __all__ = ["CandidateSetResult", "GreedyResult", "Message", "ScoreResult", "Session", "__version__",
            "candidate_rows", "load", "to_frame"]

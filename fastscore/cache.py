@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastscore.outputs import fsync_path
+# The import package's own version: the distribution is named fastscore-cpu (PyPI's "fastscore" is another's).
+from fastscore.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +80,6 @@ def _package_version(name: str) -> str | None:
 def built_with(variant: str) -> dict[str, str | None]:
     """The versions stamped into (and required of) a variant folder named `variant`."""
     packages = BUILT_WITH.get(variant.split("-", 1)[0], DEFAULT_BUILT_WITH)
-    # The import package's own version: the distribution is named fastscore-cpu (PyPI's "fastscore" is another's).
-    from fastscore import __version__
-
     return {"fastscore": __version__, **{p: _package_version(p) for p in packages}}
 
 

@@ -16,8 +16,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fastscore import __version__, variants
+from fastscore import variants
 from fastscore.backends.options import ARITHMETIC_OPTIONS
+from fastscore.version import __version__
 
 META_SUFFIX = ".meta.json"
 LIBRARIES = ("llama-cpp-python", "onnxruntime", "torch", "transformers", "tokenizers", "jinja2", "numpy")

@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from fastscore import cache, registry
 from fastscore.errors import ArtefactUnavailableError, UnknownQuantError, UnsupportedError
-from fastscore.variants import validate, variant_name  # noqa: F401  (the conversion pipeline imports them here)
+from fastscore.variants import default_quant, validate, variant_name  # noqa: F401  (the pipeline imports them here)
 
 
 GGUF_FILE = "model.gguf"
@@ -205,8 +205,6 @@ def default_quant_of(model: str, backend: str) -> str:
     """A local GGUF file's own type on llama.cpp; else the session's default for the model and backend."""
     if backend == "llamacpp" and model.endswith(".gguf") and Path(model).expanduser().is_file():
         return gguf_quant(Path(model).expanduser())
-    from fastscore.session import default_quant
-
     return default_quant(model, backend)
 
 

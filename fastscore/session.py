@@ -5,23 +5,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from fastscore import backends, variants
+from fastscore import backends
 from fastscore.errors import DamagedArtefactError
 from fastscore.scorer import Scorer
 from fastscore.tokenizer import Tokenizer
+# The default type is a fact about the variants (it is read from their table), not about an open session; kept
+# importable from here for the session's callers.
+from fastscore.variants import DEFAULT_BACKEND, default_quant  # noqa: F401
 
 log = logging.getLogger(__name__)
-
-DEFAULT_BACKEND = "llamacpp"
-
-
-def default_quant(model: str, backend: str = DEFAULT_BACKEND) -> str:
-    """The backend's full-precision type, for every model: the batch-invariant one (a token's log-prob does not
-    depend on what shares its call), so a score never depends on the grouping. For the embedded model the llama.cpp
-    f32 GGUF is derived from the shipped Q4_1 file (converted once, cached); the shipped file stays available as
-    quant "q4_1". The type does not depend on `model`."""
-    variants.validate(backend, variants.FULL_PRECISION.get(backend, ""))
-    return variants.FULL_PRECISION[backend]
 
 
 def scoring_settings(model: str | None, backend: str, quant: str | None, *, hf_path: Path | None = None,

@@ -128,3 +128,15 @@ def gguf_types() -> tuple[str, ...]:
 def help_list(backend: str) -> str:
     """'f32,f16,...' for option help texts."""
     return ",".join(quants(backend))
+
+
+DEFAULT_BACKEND = "llamacpp"
+
+
+def default_quant(model: str, backend: str = DEFAULT_BACKEND) -> str:
+    """The backend's full-precision type, for every model: the batch-invariant one (a token's log-prob does not
+    depend on what shares its call), so a score never depends on the grouping. For the embedded model the llama.cpp
+    f32 GGUF is derived from the shipped Q4_1 file (converted once, cached); the shipped file stays available as
+    quant "q4_1". The type does not depend on `model`."""
+    validate(backend, FULL_PRECISION.get(backend, ""))
+    return FULL_PRECISION[backend]

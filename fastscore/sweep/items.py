@@ -19,12 +19,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from fastscore import __version__
 from fastscore.errors import DataError, ResumeConfigError
 from fastscore.outputs import write_text_atomic
 from fastscore.study.envs import open_envs
 from fastscore.study.items import Item, Skipped
 from fastscore.study.runner import SeededItems
+from fastscore.version import __version__
 
 log = logging.getLogger(__name__)
 
