@@ -53,7 +53,7 @@ def render_short(summary: dict[str, Any]) -> str:
     parts[2:2] = [f"llama.cpp build: {line}" for line in builds]
     reference = e2e.get("reference:fp32")
     if reference:
-        rows.append(["reference:fp32 (transformers)", "-", "-", "-", _f(reference["seconds"], 2), "0", "-"])
+        rows.append(["reference:fp32 (transformers)", "-", "-", "-", _f(reference["seconds"], 2), "-", "-"])
     parts.append(_grid(["backend:type", "tokens/s shared", "tokens/s one by one", "sharing", "end to end s",
                         "max |Δ| vs reference", "memory MB"], rows))
     g = summary["greedy"]
