@@ -60,8 +60,8 @@ def render_short(summary: dict[str, Any]) -> str:
     if g:
         speeds = [f"{b}: {_f(v['batched_tokens_per_s'])}" for b, v in g.items() if isinstance(v, dict)]
         parts += ["", f"greedy decoding ({g['backend']}), tokens/s by contexts decoded together: " + "; ".join(speeds)]
-    parts += ["", "tokens/s: requested (scored) tokens per second; shared: every request through one prefix trie; one by "
-                  "one: each request alone; max |Δ|: nats per request. All figures: --json; detailed tables: --details."]
+    parts += ["", "tokens/s: requested (scored) tokens per second; shared: every request through one prefix trie;",
+              "one by one: each request alone; max |Δ|: nats per request. All figures: --json; detailed tables: --details."]
     return "\n".join(parts)
 
 
