@@ -1,15 +1,14 @@
-"""`fastscore compare A.jsonl B.jsonl`: how two scoring runs of the same requests differ.
+"""`fastscore compare A B`: how two scoring runs of the same requests differ (each a jsonl, csv or parquet output).
 
 Requests are matched by id and candidates by index (their texts must agree). Reported: per-token |difference| of
 log-probs (where both runs scored the same token ids), per-candidate differences of the summed log-prob, token-argmax
 changes, candidate-argmax changes per request, and sign flips of every within-request candidate contrast
-(logprob_i - logprob_j, i < j). Each proportion comes with a 95% Wilson interval.
+(logprob_i - logprob_j, i < j). Each proportion comes with a 95% Wilson interval. The candidates whose summed
+log-prob moved most are listed for a person to look at.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from itertools import combinations
 from pathlib import Path
@@ -19,6 +18,9 @@ import numpy as np
 
 from fastscore.errors import RequestError
 from fastscore.mathops import wilson_interval
+from fastscore.tables import read_score_rows
+
+TEXT_WIDTH = 40  # characters of a candidate's text shown in the most-changed table
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,19 @@ class Proportion:
 
 
 @dataclass(frozen=True)
+class ChangedCandidate:
+    id: str
+    index: int
+    text: str
+    logprob_a: float
+    logprob_b: float
+
+    @property
+    def delta(self) -> float:
+        return self.logprob_b - self.logprob_a
+
+
+@dataclass(frozen=True)
 class Comparison:
     n_requests: int
     n_candidates: int
@@ -50,9 +65,22 @@ class Comparison:
     contrast_sign_flips: Proportion  # per candidate pair within a request
     only_in_a: int
     only_in_b: int
+    most_changed: tuple[ChangedCandidate, ...] = ()  # by |B - A| of the summed log-prob, largest first
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def table(self) -> list[str]:
+        """The most-changed candidates as an aligned text table (empty when nothing was compared)."""
+        if not self.most_changed:
+            return []
+        rows = [(c.id, str(c.index), _clip(c.text), f"{c.logprob_a:.4f}", f"{c.logprob_b:.4f}", f"{c.delta:+.4f}")
+                for c in self.most_changed]
+        head = ("id", "cand", "text", "logprob A", "logprob B", "Δ (B-A)")
+        widths = [max(len(r[k]) for r in (head, *rows)) for k in range(len(head))]
+        fmt = lambda r: "  ".join(v.ljust(w) if k < 3 else v.rjust(w)  # noqa: E731
+                                  for k, (v, w) in enumerate(zip(r, widths, strict=True)))
+        return [f"most changed candidates ({len(rows)} of {self.n_candidates}):", fmt(head), *map(fmt, rows)]
 
     def lines(self) -> list[str]:
         t, c = self.token_abs_diff, self.candidate_diff
@@ -71,20 +99,17 @@ class Comparison:
         ]
 
 
-def _lines(path: Path) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as fh:
-        for number, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                line = json.loads(text)
-                yield {"id": line["id"], "candidates": list(line["candidates"])}
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise RequestError(f"{path}: not a fastscore score output line ({exc})", line=number) from None
+def _clip(text: str) -> str:
+    flat = " ".join(str(text).split())  # one line per candidate, whatever its newlines
+    return flat if len(flat) <= TEXT_WIDTH else flat[:TEXT_WIDTH - 1] + "…"
 
 
-def _by_id(path: Path) -> dict[str, dict]:
-    return {str(line["id"]): line for line in _lines(path)}
+def _by_id(path: Path) -> dict[str, list[dict]]:
+    """Candidates per request id, in index order, from any format `fastscore score` writes."""
+    runs: dict[str, list[dict]] = {}
+    for row in read_score_rows(Path(path)):
+        runs.setdefault(row["id"], []).append(row)
+    return {key: sorted(rows, key=lambda r: r.get("index") or 0) for key, rows in runs.items()}
 
 
 def _stats(values: np.ndarray) -> dict[str, float]:
@@ -94,24 +119,28 @@ def _stats(values: np.ndarray) -> dict[str, float]:
             "p99": float(np.percentile(values, 99))}
 
 
-def compare_files(a: Path, b: Path) -> Comparison:
+def compare_files(a: Path, b: Path, top: int = 10) -> Comparison:
     runs_a, runs_b = _by_id(Path(a)), _by_id(Path(b))
     common = [key for key in runs_a if key in runs_b]
-    token_diffs, cand_diffs, ids_differ = [], [], 0
+    token_diffs, cand_diffs, changed, ids_differ = [], [], [], 0
     token_flips = token_n = best_changes = flips = pairs = n_candidates = 0
     for key in common:
-        ca, cb = runs_a[key]["candidates"], runs_b[key]["candidates"]
+        ca, cb = runs_a[key], runs_b[key]
         if [c["text"] for c in ca] != [c["text"] for c in cb]:
             raise RequestError(f"request {key!r}: the two runs scored different candidates")
         la = np.array([c["logprob"] for c in ca])
         lb = np.array([c["logprob"] for c in cb])
         n_candidates += len(ca)
         cand_diffs.extend(lb - la)
+        changed.extend(ChangedCandidate(key, int(x.get("index") or k), x["text"], float(x["logprob"]),
+                                        float(y["logprob"])) for k, (x, y) in enumerate(zip(ca, cb, strict=True)))
         best_changes += int(la.argmax() != lb.argmax())
         for i, j in combinations(range(len(ca)), 2):
             pairs += 1
             flips += int(np.sign(la[i] - la[j]) != np.sign(lb[i] - lb[j]))
         for x, y in zip(ca, cb, strict=True):
+            if x.get("token_logprobs") is None or y.get("token_logprobs") is None:
+                continue  # a table written without per-token columns: candidates only
             if "token_ids" in x and "token_ids" in y and x["token_ids"] != y["token_ids"]:
                 ids_differ += 1
                 continue
@@ -119,8 +148,9 @@ def compare_files(a: Path, b: Path) -> Comparison:
                 ids_differ += 1
                 continue
             token_diffs.extend(np.abs(np.subtract(y["token_logprobs"], x["token_logprobs"])))
-            token_n += len(x["token_is_argmax"])
-            token_flips += int(np.sum(np.asarray(x["token_is_argmax"]) != np.asarray(y["token_is_argmax"])))
+            if x.get("token_is_argmax") is not None and y.get("token_is_argmax") is not None:
+                token_n += len(x["token_is_argmax"])
+                token_flips += int(np.sum(np.asarray(x["token_is_argmax"]) != np.asarray(y["token_is_argmax"])))
     cand = np.asarray(cand_diffs, dtype=np.float64)
     return Comparison(
         n_requests=len(common), n_candidates=n_candidates, n_tokens=len(token_diffs), token_ids_differ=ids_differ,
@@ -132,4 +162,5 @@ def compare_files(a: Path, b: Path) -> Comparison:
         candidate_argmax_changes=Proportion.of(best_changes, len(common)),
         contrast_sign_flips=Proportion.of(flips, pairs),
         only_in_a=len(runs_a) - len(common), only_in_b=len(runs_b) - len(common),
+        most_changed=tuple(sorted(changed, key=lambda c: -abs(c.delta))[:top]),
     )

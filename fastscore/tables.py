@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fastscore.deps import require
-from fastscore.errors import OutputError
+from fastscore.errors import OutputError, RequestError
 from fastscore.outputs import write_atomic_with, write_text_atomic
 
 FORMATS = ("jsonl", "parquet", "csv")
@@ -37,6 +37,84 @@ def flatten(line: Mapping[str, Any]) -> list[dict[str, Any]]:
 def read_rows(jsonl: Path) -> list[dict[str, Any]]:
     with open(jsonl, encoding="utf-8") as fh:
         return [row for text in fh if text.strip() for row in flatten(json.loads(text))]
+
+
+# The per-token columns a CSV holds as JSON strings; the scalar columns compare reads back as numbers.
+_LIST_COLUMNS = ("token_ids", "token_texts", "token_logprobs", "token_ranks", "token_is_argmax", "top_k")
+_EXPECTED = "a `fastscore score` output (.jsonl, .csv or .parquet, one scored candidate per row or line)"
+
+
+def table_format(path: Path) -> str:
+    """A score output's format from its name: .csv and .parquet are tables, anything else is read as JSONL."""
+    suffix = Path(path).suffix.lower()
+    return {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}.get(suffix, "jsonl")
+
+
+def read_score_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows (one per candidate, as `flatten` makes them) of a score output in any of FORMATS.
+
+    A file that is not a score output (a requests file, a study folder, another table) raises RequestError naming
+    the file and what was expected, never a KeyError from deep inside."""
+    path = Path(path)
+    if path.is_dir():
+        raise RequestError(f"{path} is a folder; expected {_EXPECTED}")
+    fmt = table_format(path)
+    try:
+        rows = _read_csv(path) if fmt == "csv" else _read_parquet(path) if fmt == "parquet" else _read_jsonl(path)
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        reason = str(exc).replace(str(path), "it")[:120]
+        raise RequestError(f"{path}: expected {_EXPECTED}; cannot read it as {fmt} ({reason})") from None
+    if not rows:
+        raise RequestError(f"{path} holds no scored candidate; expected {_EXPECTED}")
+    for number, row in enumerate(rows, start=1):
+        missing = [key for key in ("id", "text", "logprob") if row.get(key) in (None, "")]
+        if missing:
+            raise RequestError(f"{path}: expected {_EXPECTED}; candidate {number} has no {', '.join(missing)}")
+        try:
+            row["logprob"] = float(row["logprob"])
+        except (TypeError, ValueError):
+            raise RequestError(f"{path}: candidate row {number}'s logprob {row['logprob']!r} is not a number") from None
+        row["id"] = str(row["id"])
+    return rows
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for text in fh:
+            if not text.strip():
+                continue
+            line = json.loads(text)
+            if not isinstance(line, dict) or not isinstance(line.get("candidates"), list) or not all(
+                    isinstance(c, dict) for c in line["candidates"]):
+                raise ValueError("a line without a list of scored candidates")
+            # hand-written outputs may leave out the index: the candidates' order is their index
+            line = line | {"candidates": [{"index": k} | c for k, c in enumerate(line["candidates"])]}
+            rows.extend(flatten(line))
+    return rows
+
+
+def _read_csv(path: Path) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for row in rows:
+        for key in _LIST_COLUMNS:
+            if row.get(key):
+                row[key] = json.loads(row[key])
+        if row.get("index"):
+            row["index"] = int(row["index"])
+    return rows
+
+
+def _read_parquet(path: Path) -> list[dict[str, Any]]:
+    require("pyarrow", "parquet")
+    import pyarrow
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except pyarrow.ArrowException as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _csv_text(rows: list[dict[str, Any]]) -> str:

@@ -192,21 +192,25 @@ REQUIRED_KEYS = ("backends", "best_llamacpp_type", "end_to_end", "greedy", "memo
                  "threads", "workload")
 
 
-def _run_bench(tmp_path, data_dir, extra: list[str]) -> tuple[dict, str]:
+def _run_bench(tmp_path, data_dir, extra: list[str], as_json: bool = False) -> tuple[dict, str]:
+    """The bench run once with --json-out: its printed short table (with as_json: the JSON line, the same as the
+    file's), and the full figures from the JSON file."""
     from fastscore.cli import main
 
     json_out = tmp_path / "bench.json"
     args = ["bench", "--limit", "1", "--env", "tools", "--backends", "llamacpp", "--quants", "q4_1",
             "--repeats", "1", "--sgemm-n", "128", "--threads", "2", "--json-out", str(json_out),
-            "--data", str(data_dir), *extra]
+            "--data", str(data_dir), *extra, *(["--json"] if as_json else [])]
     result = CliRunner().invoke(main, args)
     print(result.output)
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output.strip().splitlines()[-1])
-    assert json.loads(json_out.read_text()) == summary
+    summary = json.loads(json_out.read_text())
     for key in REQUIRED_KEYS:
         assert key in summary, key
-    assert "targets:" in result.output and "llamacpp:q4_1" in result.output
+    if as_json:
+        assert json.loads(result.output) == summary  # stdout holds the one JSON line and nothing else
+    else:
+        _check_short_table(result.output, summary)
     b = summary["backends"]["llamacpp:q4_1"]
     assert b["trie_minimal_tokens"] < b["requested_tokens"]
     print("shared vs one request per call, max |diff| (nats/request):", b["shared_vs_per_request_max_abs_diff"])
@@ -214,8 +218,21 @@ def _run_bench(tmp_path, data_dir, extra: list[str]) -> tuple[dict, str]:
     return summary, result.output
 
 
+def _check_short_table(output: str, summary: dict) -> None:
+    """The default output is a short table for people: no JSON, no internal targets, one row per backend:type."""
+    assert len(output) < 2000 and "{" not in output and "target" not in output and "NOT met" not in output
+    lines = output.splitlines()
+    header = next(k for k, line in enumerate(lines) if line.startswith("backend:type"))
+    assert "tokens/s shared" in lines[header] and "end to end s" in lines[header]
+    row = lines[header + 2].split()
+    assert row[0] == "llamacpp:q4_1"
+    b = summary["backends"]["llamacpp:q4_1"]
+    assert float(row[1].replace(",", "")) == pytest.approx(b["requested_tokens_per_s"], abs=0.5)
+    assert row[3] == f"{b['sharing_speedup']:,.1f}x"
+
+
 def test_bench_smoke_tiny_sizes(tmp_path, study_data):
-    """The shipped q4_1 GGUF on one context of one tools item: a table, then one JSON line with every key."""
+    """The shipped q4_1 GGUF on one context of one tools item: a short table, and every figure in the JSON."""
     summary, output = _run_bench(tmp_path, study_data, ["--conditions", "before", "--skip-reference", "--pp-tokens", "16",
                                        "--per-request-limit", "1", "--greedy-batches", "1", "--new-tokens", "1"])
     assert summary["workload"]["requests"] == 4  # 1 item x 1 context x 4 candidates
@@ -232,9 +249,9 @@ def test_bench_smoke_tiny_sizes(tmp_path, study_data):
 
 @pytest.mark.slow
 def test_bench_smoke_with_reference(tmp_path, study_data):
-    """Adds the transformers reference (end-to-end speedup, max difference) and batched greedy decoding."""
+    """Adds the transformers reference (end-to-end speedup, max difference) and batched greedy decoding; --json."""
     summary, _ = _run_bench(tmp_path, study_data, ["--conditions", "before,after", "--pp-tokens", "64", "--greedy-batches", "1,2",
-                                       "--new-tokens", "2"])
+                                       "--new-tokens", "2"], as_json=True)
     assert summary["workload"]["requests"] == 8  # 1 item x (before, after) x 4 candidates
     e2e = summary["end_to_end"]
     assert e2e["llamacpp:q4_1"]["requests"] == e2e["reference:fp32"]["requests"] == 8

@@ -62,3 +62,70 @@ def test_compare_cli_prints_and_writes_json(tmp_path):
     other = _write(tmp_path / "o.jsonl", [_line(1, [("x", [-1.0], [True]), ("zz", [-2.0], [False])])])
     refused = CliRunner().invoke(main, ["compare", str(a), str(other)])
     assert refused.exit_code == 6 and "different candidates" in refused.output
+
+
+def _score_output_in(fmt, path, lines):
+    """A score output as `fastscore score --format fmt` writes it (tables through fastscore.tables' own writer)."""
+    from fastscore.tables import flatten, write_table
+
+    if fmt == "jsonl":
+        return _write(path, lines)
+    indexed = [line | {"candidates": [{"index": k} | c for k, c in enumerate(line["candidates"])]} for line in lines]
+    write_table([row for line in indexed for row in flatten(line)], path, fmt)
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_compare_reads_every_score_format_and_lists_the_most_changed_candidates(tmp_path, fmt):
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow")
+    a = _score_output_in(fmt, tmp_path / f"a.{fmt}", [
+        _line("r1", [("x", [-1.0, -2.0], [True, False]), ("y", [-4.0], [False])]),
+        _line("r2", [("a long candidate text\nwith a newline " + "z" * 60, [-0.5], [True]), ("q", [-0.6], [True])]),
+    ])
+    b = _score_output_in(fmt, tmp_path / f"b.{fmt}", [
+        _line("r1", [("x", [-1.0, -2.5], [True, False]), ("y", [-3.0], [True])]),
+        _line("r2", [("a long candidate text\nwith a newline " + "z" * 60, [-0.7], [True]), ("q", [-0.6], [True])]),
+    ])
+    result = CliRunner().invoke(main, ["compare", str(a), str(b), "--top", "3"])
+    assert result.exit_code == 0, result.output
+    assert "2 requests, 4 candidates, 5 tokens compared" in result.output
+    table = result.output.split("most changed candidates (3 of 4):\n")[1].splitlines()
+    assert table[0].split()[:3] == ["id", "cand", "text"]
+    # largest |Δ| first: r1/y +1.0, r1/x -0.5, r2/0 -0.2; texts clipped to one line
+    assert [row.split()[:2] for row in table[1:]] == [["r1", "1"], ["r1", "0"], ["r2", "0"]]
+    assert table[1].split()[-3:] == ["-4.0000", "-3.0000", "+1.0000"]
+    assert "a long candidate text with a newline zz…" in table[3] and "z" * 5 not in table[3]
+
+
+def test_compare_csv_against_jsonl_of_the_same_run_finds_no_difference(tmp_path):
+    lines = [_line("r1", [("x", [-1.0, -2.0], [True, False]), ("y", [-4.0], [False])])]
+    result = CliRunner().invoke(main, ["compare", str(_score_output_in("jsonl", tmp_path / "a.jsonl", lines)),
+                                       str(_score_output_in("csv", tmp_path / "a.csv", lines))])
+    assert result.exit_code == 0, result.output
+    assert "max 0, mean 0" in result.output and "+0.0000" in result.output
+
+
+@pytest.mark.parametrize("wrong", ["requests", "folder", "csv", "binary"])
+def test_a_wrong_file_is_one_line_naming_it_and_what_was_expected(tmp_path, wrong):
+    good = _write(tmp_path / "a.jsonl", [_line("r1", [("x", [-1.0], [True])])])
+    if wrong == "requests":
+        bad = tmp_path / "requests.jsonl"
+        bad.write_text(json.dumps({"id": "r1", "messages": [{"role": "user", "content": "hi"}],
+                                   "candidates": ["x", "y"]}) + "\n")
+    elif wrong == "folder":
+        bad = tmp_path / "study"
+        (bad / "seeded").mkdir(parents=True)
+    elif wrong == "csv":
+        bad = tmp_path / "other.csv"
+        bad.write_text("name,value\nfoo,1\n")
+    else:
+        bad = tmp_path / "scores.parquet"
+        bad.write_bytes(b"\x00\x01 not parquet at all")
+        pytest.importorskip("pyarrow")
+    result = CliRunner().invoke(main, ["compare", str(good), str(bad)])
+    assert result.exit_code == 6, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    message = result.output.strip()
+    assert "\n" not in message and "Traceback" not in message
+    assert str(bad) in message and "expected a `fastscore score` output" in message

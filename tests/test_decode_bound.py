@@ -70,15 +70,17 @@ def test_decode_bound_on_a_tiny_model(tiny_model, tmp_path):
 
 
 def test_bench_decode_bound_flag_writes_the_json(tiny_model, tmp_path):
-    """`fastscore bench --decode-bound` runs the module's measurement with the bench's model, threads and output."""
+    """`fastscore bench --decode-bound` runs the module's measurement with the bench's model, threads and output
+    (--json: the JSON on stdout)."""
     from fastscore.cli import main
 
     json_out = tmp_path / "decode.json"
     result = CliRunner().invoke(main, ["bench", "--decode-bound", "--model", str(tiny_model("llama")), "--threads",
-                                       "1", "--repeats", "1", "--pp-tokens", "16", "--json-out", str(json_out)])
+                                       "1", "--repeats", "1", "--pp-tokens", "16", "--json-out", str(json_out),
+                                       "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(json_out.read_text())
-    assert summary == json.loads(result.output.strip().splitlines()[-1])
+    assert summary == json.loads(result.output)  # --json: the one JSON line and nothing else
     assert summary["options"]["threads"] == 1 and summary["cores"] is None  # one thread: nothing to compare
     assert [(c["length"], c["streams"]) for c in summary["cells"]] == [(16, 32), (16, 64), (16, 128), (256, 32),
                                                                        (256, 64), (256, 128)]

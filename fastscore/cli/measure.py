@@ -35,6 +35,9 @@ from fastscore.study.envs import ENVS
 @click.option("--greedy-repeats", default=1, show_default=True, type=click.IntRange(min=1))
 @click.option("--sgemm-n", default=2048, show_default=True, type=click.IntRange(min=16))
 @click.option("--conditions", default=None, help="Subset of study conditions in the workload (default: all).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print every figure as one JSON line instead of the short table.")
+@click.option("--details", is_flag=True, help="Print the detailed tables (roofline, GFLOP/s, every ratio) instead.")
 @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the JSON figures to this file.")
 @click.option("--requests", "requests", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -57,8 +60,9 @@ from fastscore.study.envs import ENVS
 @friendly
 def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_reference, best, pp_tokens,
           per_request_repeats, reference_repeats, per_request_limit, greedy_batches, new_tokens, greedy_repeats, sgemm_n,
-          conditions, json_out, requests, decode_bound, op_profile, study_runs) -> None:
-    """Benchmark every backend side by side on the same study requests: a table, then one JSON line."""
+          conditions, as_json, details, json_out, requests, decode_bound, op_profile, study_runs) -> None:
+    """Benchmark every backend side by side on the same study requests: a short table (--details: every figure in
+    tables; --json: one JSON line)."""
     import os
 
     from fastscore.deps import check_extras, extras_for_backend
@@ -76,7 +80,7 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
         from fastscore.bench.table import print_and_save
 
         print_and_save(study_bound.measure(study_runs, threads or os.cpu_count() or 1, sgemm_n), json_out,
-                       study_bound.render)
+                       study_bound.render, as_json)
         return
 
     if decode_bound:
@@ -87,7 +91,7 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
 
         opts = DecodeBoundOptions(model=model or default_model(), quant=best or "f32",
                                   threads=threads or os.cpu_count() or 1, repeats=repeats, pp_tokens=pp_tokens)
-        print_and_save(run_decode_bound(opts), json_out, render)
+        print_and_save(run_decode_bound(opts), json_out, render, as_json)
         return
 
     if op_profile:
@@ -100,18 +104,19 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
                                 envs=bench_list(envs), threads=threads or os.cpu_count() or 1, repeats=repeats,
                                 decode_contexts=max(int(b) for b in bench_list(greedy_batches)), new_tokens=new_tokens,
                                 sgemm_n=sgemm_n, conditions=bench_list(conditions))
-        print_and_save(run_op_profile(opts), json_out, render)
+        print_and_save(run_op_profile(opts), json_out, render, as_json)
         return
 
-    from fastscore import outputs
     from fastscore.bench.run import BenchOptions, run_bench
-    from fastscore.bench.table import json_line, render
+    from fastscore.bench.table import print_and_save, render_details, render_short
     from fastscore.registry import default_model
     from fastscore.resolve import model_source
 
     model_source(model or default_model())
     if json_out is not None:
-        outputs.ensure_parent(json_out)
+        from fastscore import outputs
+
+        outputs.ensure_parent(json_out)  # before the minutes of measuring, not after
 
     opts = BenchOptions(
         model=model or default_model(), data_dir=data, items_per_env=limit, envs=bench_list(envs),
@@ -121,12 +126,7 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
         new_tokens=new_tokens, greedy_repeats=greedy_repeats, sgemm_n=sgemm_n, conditions=bench_list(conditions),
         requests=requests,
     )  # fmt: skip
-    summary = run_bench(opts)
-    click.echo(render(summary))
-    line = json_line(summary)
-    click.echo(line)
-    if json_out is not None:
-        outputs.write_text_atomic(json_out, line + "\n")
+    print_and_save(run_bench(opts), json_out, render_details if details else render_short, as_json)
 
 
 @main.command("bench-scale")

@@ -91,19 +91,26 @@ def score(requests, text, model, backend, quant, out, generate, max_new_tokens, 
 
 
 @main.command()
-@click.argument("run_a", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("run_b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("run_a", type=click.Path(exists=True, path_type=Path))
+@click.argument("run_b", type=click.Path(exists=True, path_type=Path))
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=0),
+              help="How many of the most-changed candidates to list (0: none).")
 @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the comparison as JSON to this file.")
 @friendly
-def compare(run_a, run_b, json_out) -> None:
-    """Compare two `score` outputs of the same requests: per-token and per-candidate differences, argmax changes
-    and sign flips of candidate contrasts (B - A)."""
+def compare(run_a, run_b, top, json_out) -> None:
+    """Compare two `score` outputs of the same requests (jsonl, csv or parquet, as `score --format` writes them):
+    per-token and per-candidate differences, argmax changes, sign flips of candidate contrasts (B - A), and the
+    candidates whose log-prob changed most."""
     from fastscore import outputs
     from fastscore.compare import compare_files
 
-    comparison = compare_files(run_a, run_b)
+    comparison = compare_files(run_a, run_b, top=top)
     for line in comparison.lines():
+        click.echo(line)
+    if comparison.most_changed:
+        click.echo("")
+    for line in comparison.table():
         click.echo(line)
     if json_out is not None:
         outputs.write_text_atomic(json_out, json.dumps(comparison.to_dict(), indent=1) + "\n")

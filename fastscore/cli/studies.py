@@ -83,21 +83,25 @@ def warn_without_plots() -> None:
 
 
 @main.command("report-html")
-@click.argument("study_out", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("study_out", type=click.Path(exists=True, file_okay=False, path_type=Path))  # a part or the top
 @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
 @click.option("--rescore", is_flag=True, help="Recompute tokens.jsonl even if present.")
 @friendly
 def report_html(study_out, threads, rescore) -> None:
-    """Write STUDY_OUT/report.html: summary tables, plots and a per-item explorer of the failed action's tokens
-    (their log-probs before and after the failure record are scored once into tokens.jsonl, with the study's model)."""
+    """Write STUDY_OUT/report.html: a summary (n, what G means, intervals), tables, plots and a per-item explorer of
+    the failed action's tokens coloured by their G (scored once into tokens.jsonl, with the study's model). On a
+    `--failures both` study's top folder: a page per part (seeded/, model/) and a top page linking them."""
     from fastscore.deps import check_extras, extras_for_backend
-    from fastscore.study.report_html import write_report_html
+    from fastscore.study.report_html import HTML_FILE, study_parts, write_report_html
     from fastscore.study.report_html_deps import scoring_backend
 
     backend = scoring_backend(study_out, rescore)  # None: the tokens are scored already
     if backend is not None:
         check_extras(*extras_for_backend(backend), purpose=f"scoring the report's tokens on {backend}")
-    click.echo(f"wrote {write_report_html(study_out, threads=threads, rescore=rescore)}")
+    page = write_report_html(study_out, threads=threads, rescore=rescore)
+    for part in study_parts(study_out):
+        click.echo(f"wrote {part / HTML_FILE}")
+    click.echo(f"wrote {page}")
 
 
 @main.command()

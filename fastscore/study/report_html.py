@@ -1,8 +1,13 @@
 """report.html: one self-contained page (no network, no external file) beside a study's report.md.
 
-It holds the summary tables, the study's plots (its PNGs, inlined), and a per-item explorer: the failed action's
-tokens coloured by how much more (red) or less (blue) likely each became between `before` and `after` — so one sees
-whether the inversion sits in the tokens the mutation edited or in the ones copied from the correct call.
+It opens with a summary (n, what G means, the headline G with its interval; report_html_summary.py), then the
+per-condition tables with columns named for people, the study's plots (its PNGs, inlined), and a per-item explorer:
+the failed action's tokens coloured by each token's G = log p(before) - log p(after), the same colours as the tables
+(red: G < 0, backfire, the token became more likely after the failure record; blue: G > 0) — so one sees whether the
+inversion sits in the tokens the mutation edited or in the ones copied from the correct call.
+
+On a `--failures both` study's top folder (its seeded/ and model/ subfolders are each a study folder) it writes each
+part's own page and a top page that links them, each with its headline summary.
 
 It reads the study's output files only, and few of their keys (the contract with fastscore/study/, kept small):
 - summary.json: for each top-level key whose value has a "conditions" mapping (an environment), every
@@ -27,6 +32,7 @@ from typing import Any
 
 from fastscore.errors import DataError
 from fastscore.outputs import write_text_atomic
+from fastscore.study import report_html_summary as summary_html
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +85,33 @@ def write_token_changes(out_dir: Path, scorer, items: Sequence[dict[str, Any]] |
     return path
 
 
-def write_report_html(out_dir: Path, *, threads: int | None = None, rescore: bool = False) -> Path:
-    """report.html for a study folder; tokens.jsonl is scored first (with the study's model) if missing or asked."""
+PARTS = ("seeded", "model")  # a `--failures both` study's subfolders, each a complete study folder
+
+
+def study_parts(out_dir: Path) -> list[Path]:
+    """The part folders of a top-level study folder ([] for a single study folder, which has its own config.json)."""
     out_dir = Path(out_dir)
-    if rescore or not (out_dir / TOKENS_FILE).is_file():
+    if (out_dir / "config.json").is_file():
+        return []
+    return [out_dir / part for part in PARTS if (out_dir / part / "summary.json").is_file()]
+
+
+def write_report_html(out_dir: Path, *, threads: int | None = None, rescore: bool = False) -> Path:
+    """report.html for a study folder, or for each part of a top-level one plus a page linking them; tokens.jsonl is
+    scored first (with the study's model) if missing or asked."""
+    out_dir = Path(out_dir)
+    parts = study_parts(out_dir)
+    if parts:
+        for part in parts:
+            write_report_html(part, threads=threads, rescore=rescore)
+        return build_index_html(out_dir, parts)
+    if not (out_dir / "summary.json").is_file():
+        raise DataError(f"{out_dir} is not a study folder: expected summary.json and config.json there, or the "
+                        f"subfolders {' and '.join(PARTS)} of a `fastscore study --failures both` run")
+    scorable = (out_dir / "config.json").is_file() and (out_dir / "items.jsonl").is_file()
+    if not scorable:  # e.g. a sharded run's merged folder: its summary and plots, without the token explorer
+        log.warning("%s has no config.json and items.jsonl: report.html without the per-item explorer", out_dir)
+    elif rescore or not (out_dir / TOKENS_FILE).is_file():
         from fastscore.session import open_scorer
 
         config = _read_json(out_dir / "config.json")
@@ -91,34 +120,6 @@ def write_report_html(out_dir: Path, *, threads: int | None = None, rescore: boo
                          progress=True) as scorer:
             write_token_changes(out_dir, scorer)
     return build_report_html(out_dir)
-
-
-def _summary_tables(summary: dict[str, Any]) -> str:
-    parts = []
-    for env, block in summary.items():
-        conditions = block.get("conditions") if isinstance(block, dict) else None
-        if not isinstance(conditions, dict):
-            continue
-        stats = list(dict.fromkeys(name for cond in conditions.values() if isinstance(cond, dict)
-                                   for name, value in cond.items()
-                                   if isinstance(value, dict) and {"mean", "lo", "hi"} <= set(value)))
-        head = "".join(f"<th>{html.escape(s)}</th>" for s in stats)
-        rows = []
-        for cond, values in conditions.items():
-            cells = []
-            for name in stats:
-                value = values.get(name) if isinstance(values, dict) else None
-                cells.append("<td>-</td>" if not isinstance(value, dict) or value.get("mean") is None else
-                             f"<td>{value['mean']:.3g} <small>[{_num(value.get('lo'))}, {_num(value.get('hi'))}]"
-                             "</small></td>")
-            rows.append(f"<tr><th>{html.escape(cond)}</th>{''.join(cells)}</tr>")
-        parts.append(f"<h3>{html.escape(env)}</h3><table class='summary' data-env='{html.escape(env)}'>"
-                     f"<tr><th>condition</th>{head}</tr>{''.join(rows)}</table>")
-    return "\n".join(parts) or "<p>No summary tables (summary.json has no environment with conditions).</p>"
-
-
-def _num(value: Any) -> str:
-    return "-" if value is None else f"{value:.3g}"
 
 
 def _plots(out_dir: Path) -> str:
@@ -150,15 +151,50 @@ def build_report_html(out_dir: Path) -> Path:
     summary = _read_json(out_dir / "summary.json")
     config = _read_json(out_dir / "config.json") if (out_dir / "config.json").is_file() else {}
     explorer = _explorer_data(_read_jsonl(out_dir / "items.jsonl"), _read_jsonl(out_dir / TOKENS_FILE))
-    title = f"fastscore study: {config.get('model', '?')} [{config.get('backend', '?')}, {config.get('quant', '?')}]"
+    title = (f"fastscore study: {config.get('model', '?')} [{config.get('backend', '?')}, {config.get('quant', '?')}]"
+             if config else f"fastscore study: {out_dir.resolve().parent.name}/{out_dir.name}")
     data = json.dumps(explorer, ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside the script
     page = (_TEMPLATE.replace("%TITLE%", html.escape(title))
-            .replace("%TABLES%", _summary_tables(summary))
+            .replace("%OPENING%", summary_html.opening(summary))
+            .replace("%TABLES%", summary_html.condition_tables(summary))
+            .replace("%BACKFIRE%", ", ".join(map(str, summary_html.BACKFIRE_RGB)))
+            .replace("%CORRECTED%", ", ".join(map(str, summary_html.CORRECTED_RGB)))
             .replace("%PLOTS%", _plots(out_dir))
             .replace("%DATA%", data))
     path = out_dir / HTML_FILE
     write_text_atomic(path, page)
     return path
+
+
+def build_index_html(out_dir: Path, parts: Sequence[Path]) -> Path:
+    """The top folder's report.html: each part's headline summary and a link to its own page."""
+    sections = []
+    for part in parts:
+        summary = _read_json(part / "summary.json")
+        sections.append(f"<h2 id='part-{html.escape(part.name)}'>{html.escape(part.name)} failures: "
+                        f"<a href='{html.escape(part.name)}/{HTML_FILE}'>{html.escape(part.name)}/{HTML_FILE}</a></h2>"
+                        f"{summary_html.opening(summary)}")
+    page = (_INDEX.replace("%TITLE%", html.escape(f"fastscore study: {out_dir.name}"))
+            .replace("%PARTS%", "\n".join(sections)))
+    path = out_dir / HTML_FILE
+    write_text_atomic(path, page)
+    return path
+
+
+_INDEX = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>%TITLE%</title>
+<style>
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.85em; }
+td, th { border: 1px solid #ccc; padding: 0.2em 0.5em; text-align: right; } th:first-child { text-align: left; }
+</style></head><body>
+<h1>%TITLE%</h1>
+<p>The study ran on two sources of failures, each reported on its own page (with its tables, plots and per-item
+explorer): seeded failures are mutations of the ground-truth action; model failures are the model's own failed
+attempts.</p>
+%PARTS%
+</body></html>
+"""
 
 
 _TEMPLATE = """<!DOCTYPE html>
@@ -175,14 +211,17 @@ figure { display: inline-block; margin: 0.5em; } figure img { max-width: 560px; 
 </style></head><body>
 <h1>%TITLE%</h1>
 <h2>Summary</h2>
-<p>Mean [95% interval] per condition, from summary.json.</p>
+%OPENING%
+<h2>By condition</h2>
+<p>Mean [interval] per condition and statistic (hover a column's name for its key in summary.json).</p>
 %TABLES%
 <h2>Plots</h2>
 %PLOTS%
 <h2>Per-item explorer</h2>
-<p class="legend">The failed action's tokens, coloured by log p(after) &minus; log p(before) per token:
-<span style="background:#e74c3c;color:#fff">more likely after the failure record</span>
-<span style="background:#3498db;color:#fff">less likely</span> (hover a token for its numbers).</p>
+<p class="legend" id="token-legend">The failed action's tokens, coloured by each token's G = log p(before) &minus;
+log p(after): <span class="backfire" style="background: rgb(%BACKFIRE%)">red: backfire, G &lt; 0 (more likely
+after the failure record)</span> <span class="corrected" style="background: rgb(%CORRECTED%)">blue: corrected,
+G &gt; 0 (less likely)</span> (hover a token for its numbers).</p>
 <div id="explorer">
 <label>item <select id="item-select"></select></label>
 <button id="prev">&larr;</button><button id="next">&rarr;</button>
@@ -198,9 +237,9 @@ const items = JSON.parse(document.getElementById("explorer-data").textContent);
 const select = document.getElementById("item-select");
 items.forEach((item, k) => { const o = document.createElement("option"); o.value = k;
   o.textContent = item.id + " (" + item.env + ")"; select.appendChild(o); });
-function colour(delta) {
-  const a = Math.min(Math.abs(delta) / 5, 1);
-  return delta >= 0 ? `rgba(231,76,60,${a})` : `rgba(52,152,219,${a})`;
+function colour(g) {  // G's sign: red for backfire (G < 0), blue for corrected (G > 0), as in the tables
+  const a = Math.min(Math.abs(g) / 5, 1);
+  return g < 0 ? `rgba(%BACKFIRE%, ${a})` : `rgba(%CORRECTED%, ${a})`;
 }
 function show(k) {
   if (!items.length) { document.getElementById("item-title").textContent = "no token data (tokens.jsonl)"; return; }
@@ -210,15 +249,16 @@ function show(k) {
   box.replaceChildren();
   let total = 0;
   item.tokens.forEach((text, i) => {
-    const delta = item.after[i] - item.before[i]; total += delta;
+    const g = item.before[i] - item.after[i]; total += g;
     const span = document.createElement("span");
-    span.className = "tok"; span.textContent = text; span.dataset.delta = delta.toFixed(4);
-    span.style.background = colour(delta);
-    span.title = `before ${item.before[i].toFixed(3)}  after ${item.after[i].toFixed(3)}  change ${delta.toFixed(3)}`;
+    span.className = "tok"; span.textContent = text; span.dataset.g = g.toFixed(4);
+    span.style.background = colour(g);
+    span.title = `log p before ${item.before[i].toFixed(3)}  after ${item.after[i].toFixed(3)}  G ${g.toFixed(3)}`;
     box.appendChild(span);
   });
   document.getElementById("item-sum").textContent =
-    `${item.tokens.length} tokens; summed change (log p(after) \u2212 log p(before)): ${total.toFixed(2)} nats`;
+    `${item.tokens.length} tokens; G of the action (log p(before) \u2212 log p(after), summed): ` +
+    `${total.toFixed(2)} nats (${total < 0 ? "backfire" : "corrected"})`;
   document.getElementById("item-error").textContent = item.error;
   document.getElementById("item-task").textContent = item.task;
   document.body.dataset.shownItem = item.id;
