@@ -24,6 +24,7 @@ def test_attended_cells_count_the_positions_the_steps_feed():
         DecodeBoundOptions(model="x", steps=1)
 
 
+@pytest.mark.slow  # a measuring tool's end-to-end run (make test-all)
 def test_decode_bound_on_a_tiny_model(tiny_model, tmp_path):
     from fastscore.deps import require
 

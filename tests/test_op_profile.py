@@ -168,6 +168,7 @@ def test_the_gap_is_split_without_remainder():
     assert sorted(grouped) == sorted([*KINDS, "llama.cpp host", "fastscore Python"])
 
 
+@pytest.mark.slow  # a measuring tool's end-to-end run (make test-all)
 def test_profiling_does_not_change_the_scores(tiny_artefact):
     pytest.importorskip("llama_cpp")
     from fastscore.backends.llamacpp import LlamaCppBackend
@@ -188,6 +189,7 @@ def test_profiling_does_not_change_the_scores(tiny_artefact):
     assert sum(r["nodes"] for r in timer.rows()) > 0
 
 
+@pytest.mark.slow  # a measuring tool's end-to-end run (make test-all)
 def test_op_profile_of_a_tiny_model(tiny_model, study_data, tmp_path):
     from fastscore.bench.op_profile import OpProfileOptions, run_op_profile
     from fastscore.bench.op_profile_table import render

@@ -105,6 +105,7 @@ def test_parse_variants():
         parse_variants("llamacpp:q3_k")
 
 
+@pytest.mark.slow  # a measuring tool's end-to-end run (make test-all)
 def test_quant_check_smoke_on_embedded_model(tmp_path, study_data):
     """Two items, reference + the shipped q4_1 GGUF: every output is written and says whether the sign changed."""
     from fastscore.cli import main

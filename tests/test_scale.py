@@ -98,6 +98,7 @@ def test_sweep_summary_marks_standins(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["cells"][0]["standin"] is True
 
 
+@pytest.mark.slow  # a measuring tool's end-to-end run (make test-all)
 def test_bench_scale_records_each_step_once_with_its_memory(tiny_model, study_data, tmp_path):
     from fastscore.bench import projection
     from fastscore.bench.scale import SCORING, ScaleOptions, load_results, run_scale, step_names
@@ -249,6 +250,7 @@ def tiny_standin(smollm_tokenizer_dir, tmp_path_factory) -> Path:
                                  smollm_tokenizer_dir, seed=0)
 
 
+@pytest.mark.slow  # a measuring tool's end-to-end run (make test-all)
 def test_a_vocabulary_larger_than_the_tokenizer_converts_to_gguf(tiny_standin):
     from fastscore.conversion.checks import CheckReport
     from fastscore.conversion.gguf_tokenizer import read_vocab
@@ -259,6 +261,7 @@ def test_a_vocabulary_larger_than_the_tokenizer_converts_to_gguf(tiny_standin):
     assert CheckReport.load(artefact.path.parent).passed
 
 
+@pytest.mark.slow  # a measuring tool's end-to-end run (make test-all)
 def test_onnx_export_and_int8_through_the_external_data_path(tiny_standin, tmp_path, monkeypatch):
     # Past 2 GB (Qwen3-0.6B and up) optimum writes the weights to model.onnx_data; forced here on a tiny model.
     from fastscore.conversion import hf_to_onnx
