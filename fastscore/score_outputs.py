@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,9 @@ from fastscore.provenance import meta_path
 SKIPPED_SUFFIX = ".skipped.jsonl"  # beside the record: the lines on_error="skip" set aside, with their reasons
 RECORD_SUFFIX = ".jsonl"  # beside a table output: the resumable JSONL record the table is made from
 
-_HELD: set[str] = set()  # lock files this process holds: run_score locks OUT, and score_file inside it may again
+# Lock files held, with the thread holding each: run_score locks OUT, and score_file inside it (same thread) may
+# again; another thread of the process scoring the same OUT must wait like another process.
+_HELD: dict[str, int] = {}
 
 
 def skipped_path(record: Path) -> Path:
@@ -110,12 +113,12 @@ class ScoreOutputs:
     def lock(self) -> Iterator[None]:
         """Hold OUT for the run (re-entrant within this process); stdout takes no lock."""
         key = str(self.lock_file)
-        if is_stdio(self.out) or key in _HELD:
+        if is_stdio(self.out) or _HELD.get(key) == threading.get_ident():
             yield
             return
         with ExclusiveLock(self.lock_file, f"--out {self.out}", "wait for it to finish or choose another --out"):
-            _HELD.add(key)
+            _HELD[key] = threading.get_ident()
             try:
                 yield
             finally:
-                _HELD.discard(key)
+                del _HELD[key]

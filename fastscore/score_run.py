@@ -42,7 +42,9 @@ def run_score(requests: Path, out: Path, *, model: str | None, backend: str, qua
     names.check([requests])
     model, quant, options = scoring_settings(model, backend, quant, hf_path=hf_path,
                                              backend_options=backend_options, n_ctx=n_ctx)
-    with names.lock():
+    # The JSONL record beside a table output has its own lock (score_file takes it): hold it too before the partial
+    # file is looked at, or a refused run could delete the partial of the run that holds the record.
+    with names.lock(), ScoreOutputs.of(names.record).lock():
         if not outputs.is_stdio(out):
             outputs.refuse_unresumed_partial(names.record, resume, restart)
         with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads, backend_options=options,

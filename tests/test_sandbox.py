@@ -395,7 +395,8 @@ def test_colliding_keys_in_a_forged_record_cost_the_caller_little(isolation):
 
 @pytest.mark.parametrize("record", [b'{"test": 0, "value": [1,\n', b"\xff\xfe\x00\x9c garbage \x80\n",
                                     b'{"test": 0, "value": "\\ud800"}\n', b"[" * 100_000 + b"\n",
-                                    b'{"test": 0, "value": ' + b"7" * 5000 + b"}\n"])  # fmt: skip
+                                    b'{"test": 0, "value": ' + b"7" * 5000 + b"}\n",
+                                    b'{"test": 0, "value": {"complex": [' + b"9" * 400 + b', 0]}}\n'])  # fmt: skip
 def test_malformed_and_binary_records_are_crash_verdicts(record):
     program = ADD + FORGE + f"send({record!r})\nimport time\ntime.sleep(1)"
     outcome = run(program, TESTS_FAIL)

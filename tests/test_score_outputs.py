@@ -74,3 +74,20 @@ def test_a_held_out_is_refused_naming_the_holder_and_left_untouched(tmp_path, fa
         assert not out.exists() and not (tmp_path / "o.jsonl.partial").exists()
     score_file(fake_scorer, requests, out, progress=False)  # released: the next run may start
     assert out.read_bytes().count(b"\n") == 1
+
+
+def test_a_refused_table_run_leaves_the_record_holders_partial_alone(tmp_path):
+    """`--format csv --out X --restart` while another run writes X.jsonl: refused before X.jsonl.partial is touched
+    (the record's lock is taken before the partial file is looked at, not only inside score_file)."""
+    from fastscore.score_run import run_score
+
+    requests = tmp_path / "r.jsonl"
+    requests.write_bytes(REQUEST)
+    record = tmp_path / "X.jsonl"
+    partial = tmp_path / "X.jsonl.partial"
+    partial.write_bytes(b'{"id": "a"}\n')
+    with ExclusiveLock(ScoreOutputs.of(record).lock_file, "another holder", ""):  # the run writing X.jsonl
+        with pytest.raises(OutputBusyError):
+            run_score(requests, tmp_path / "X", model=None, backend="llamacpp", quant=None, out_format="csv",
+                      restart=True)
+    assert partial.read_bytes() == b'{"id": "a"}\n'

@@ -35,8 +35,10 @@ def serve(model, backend, quant, host, port, threads, backend_option, top_k, exc
     prompt's log-probs) and POST /v1/score (fastscore's request objects); concurrent requests are scored together.
     Stop with Ctrl-C."""
     from fastscore.api import load
+    from fastscore.deps import check_extras, extras_for_backend
     from fastscore.serve.server import Limits, ScoringServer
 
+    check_extras(*extras_for_backend(backend), purpose=f"fastscore serve on {backend}")
     options = dict(pair.partition("=")[::2] for pair in backend_option)
     session = load(model, backend, quant, threads=threads, top_k=top_k, include_end_of_turn=not exclude_end_of_turn,
                    backend_options=options, progress=True)

@@ -48,9 +48,11 @@ def study_shards() -> None:
 def run(run_dir, data, shard_items, max_hours, max_shards, commit, model, envs, failures, seed, max_new_tokens,
         check_items, threads, sandbox) -> None:
     """Run the next shards of the study into RUN_DIR (e.g. results/smollm2-135m-full), skipping committed ones."""
+    from fastscore.deps import check_extras
     from fastscore.registry import default_model
     from fastscore.study.shards.run import ShardRunConfig, run_shards
 
+    check_extras("llamacpp", "parquet", purpose="fastscore study-shards run")  # the embedded model; rows as Parquet
     config = ShardRunConfig(out_dir=run_dir, data_dir=data, shard_items=shard_items, max_hours=max_hours,
                             max_shards=max_shards, commit=commit, model=model or default_model(),
                             envs=tuple(csv_list(envs)), sources=tuple(csv_list(failures)), seed=seed,
@@ -73,8 +75,10 @@ def run(run_dir, data, shard_items, max_hours, max_shards, commit, model, envs, 
 def report(run_dir, data, n_boot) -> None:
     """Rebuild RUN_DIR's summary.json, report.md and plots from every committed shard (labelled partial until all
     are done)."""
+    from fastscore.deps import check_extras
     from fastscore.study.shards.merge import coverage_lines, write_report
 
+    check_extras("parquet", purpose="fastscore study-shards report")
     outcome = write_report(run_dir, data, n_boot)
     click.echo(coverage_lines(outcome.coverage)[0].removeprefix("> ").replace("**", ""))
     click.echo(f"wrote {len(outcome.files)} files into {outcome.out_dir} (summary.json, report.md, plots)")
@@ -92,9 +96,11 @@ def report(run_dir, data, n_boot) -> None:
 def verify(run_dir, data, n_items, seed, threads, sandbox) -> None:
     """Re-score a seeded random sample of RUN_DIR's committed items from scratch and print max |Δ| per score kind;
     exit non-zero unless every score is within 1e-4 nats and texts and verdicts are equal."""
+    from fastscore.deps import check_extras
     from fastscore.study.shards.rescore import TOLERANCE
     from fastscore.study.shards.verify import require_reproduced, verify_run
 
+    check_extras("llamacpp", "parquet", purpose="fastscore study-shards verify")
     comparison = verify_run(run_dir, n_items, seed, data, threads, sandbox)
     click.echo(f"re-scored {', '.join(comparison.items)}")
     for line in comparison.lines():

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fastscore import provenance
+from fastscore.cache import sha256
 from fastscore.errors import DataError, ResumeConfigError
 from fastscore.outputs import write_text_atomic
 
@@ -29,12 +30,7 @@ CODE_FOLDERS = ("fastscore", "bench", "conversion", "models", "pyproject.toml") 
 # bench/, conversion/ and models/ into itself
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+sha256_file = sha256  # the cache's file hash: one definition
 
 
 def sha256_tree(folder: Path, suffixes: tuple[str, ...] | None = None) -> str:

@@ -23,10 +23,11 @@ from fastscore.study.runner import SeededItems
 from fastscore.study.shards.manifest import Manifest, sha256_file
 from fastscore.study.shards.plan import ShardSpec
 from fastscore.study.shards.rowfiles import read_jsonl, read_rows
+from fastscore.variants import BATCH_INVARIANCE_TOL
 
 log = logging.getLogger(__name__)
 
-TOLERANCE = 1e-4  # nats: what "the same score" means between runs of exact code (the batch-invariant type)
+TOLERANCE = BATCH_INVARIANCE_TOL  # nats: what "the same score" means between runs of exact code
 NO_ITEM_KINDS = ("skipped",)  # row kinds whose records belong to no item (sources passed over)
 
 

@@ -135,7 +135,7 @@ class _Decoder:
         (tag, body), = data.items()
         try:
             return self._tagged(tag, body, depth)
-        except (TypeError, ValueError) as exc:  # a wrong pair, bad hex, invalid UTF-8
+        except (TypeError, ValueError, OverflowError) as exc:  # a wrong pair, bad hex, invalid UTF-8, huge numbers
             if isinstance(exc, MalformedRecord):
                 raise
             raise MalformedRecord(f"not an encoded value: {exc}") from exc
