@@ -185,7 +185,7 @@ def test_bench_requests_cli_runs_every_kind(tmp_path):
     result = CliRunner().invoke(main, [
         "bench", "--requests", str(requests), "--backends", "llamacpp", "--quants", "q4_1", "--skip-reference",
         "--repeats", "1", "--pp-tokens", "16", "--per-request-limit", "1", "--greedy-batches", "1",
-        "--new-tokens", "1", "--sgemm-n", "128", "--threads", "2"])
+        "--new-tokens", "1", "--sgemm-n", "128", "--threads", "2", "--json"])
     print(result.output[-3000:])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
