@@ -22,7 +22,7 @@ MAX_DEPTH = 100  # nesting of a reported value
 MAX_ITEMS = 200_000  # scalars and containers in one reported value
 MAX_RECORD_BYTES = 4 * 1024 * 1024
 MEMORY_EXIT_CODE = 86  # even reporting a MemoryError ran out of memory
-DROP_FAILED_EXIT_CODE = 87  # could not become the unprivileged uid (isolation.DROP_FAILED_EXIT_CODE)
+DROP_FAILED_EXIT_CODE = 87  # could not become the unprivileged uid: the host, not the program
 CONFINE_FAILED_EXIT_CODE = 88  # the seccomp filter or Landlock ruleset was refused
 _BIG_INT_BITS = 10_000  # larger ints travel as hex: JSON's decimal form is capped at 4300 digits
 

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Literal
 
 from fastscore.errors import SandboxUnavailableError
+# One definition, in the harness (the exit code it uses; the Landlock syscall it calls): the host side reads them.
+from fastscore.study.envs.mbpp.harness import _LANDLOCK_CREATE_RULESET, DROP_FAILED_EXIT_CODE  # noqa: F401
 from fastscore.study.envs.mbpp.seccomp import filter_program
 
 log = logging.getLogger(__name__)
@@ -31,7 +33,6 @@ INSTALL_HINT = "sudo apt-get install -y bubblewrap"
 NOT_ISOLATED_NOTE = "MBPP verdicts: --sandbox rlimits, NOT ISOLATED"
 NOBODY = 65534
 PYTHON_ENV = "FASTSCORE_SANDBOX_PYTHON"  # the interpreter programs run under, if not the one running fastscore
-DROP_FAILED_EXIT_CODE = 87  # the harness could not become the unprivileged uid: the host, not the program
 
 # Only what a plain Python program needs; nothing from the parent's environment leaks through.
 _CHILD_ENV = {
@@ -53,7 +54,7 @@ def landlock_abi() -> int:
     import ctypes
 
     try:
-        return max(0, ctypes.CDLL(None, use_errno=True).syscall(444, None, 0, 1))  # LANDLOCK_CREATE_RULESET_VERSION
+        return max(0, ctypes.CDLL(None, use_errno=True).syscall(_LANDLOCK_CREATE_RULESET, None, 0, 1))  # its version
     except (OSError, AttributeError):
         return 0
 
