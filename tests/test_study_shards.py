@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from fastscore.cli import main
-from fastscore.errors import ReproductionError, ResumeConfigError
+from fastscore.errors import DataError, ReproductionError, ResumeConfigError
 from fastscore.study.runner import StudyConfig, run_study
 from fastscore.study.shards.manifest import Manifest, sha256_file
 from fastscore.study.shards.merge import coverage
@@ -139,6 +139,12 @@ def test_a_run_records_each_shard_and_resumes_with_the_next(first, tmp_path):
 
     with pytest.raises(ResumeConfigError, match="shard_items"):
         run_shards(replace(config, shard_items=3))
+    # the plan's next shard is model/tools/00001 (round-robin); with --only seeded the seeded source goes on alone
+    only = run_shards(replace(config, max_shards=1, only_sources=("seeded",)))
+    assert only.ran == ("seeded/tools/00002",)
+    assert json.loads((out / "manifest.json").read_text())["settings"]["sources"] == ["seeded", "model"]
+    with pytest.raises(DataError, match="--only"):
+        run_shards(replace(config, only_sources=("mbpp",)))
     stopped = run_shards(replace(config, max_shards=None, max_hours=1e-6))
     assert stopped.ran == () and "--max-hours" in stopped.stopped
 

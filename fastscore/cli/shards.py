@@ -37,6 +37,8 @@ def study_shards() -> None:
 @click.option("--model", default=None, help=MODEL_HELP)
 @click.option("--env", "envs", default=",".join(ENVS), show_default=True, help="Comma-separated environments.")
 @click.option("--failures", default="seeded,model", show_default=True, help="Comma-separated failure sources.")
+@click.option("--only", "only", default=None,
+              help="Run only these failure sources' shards now (comma-separated); the run keeps all of --failures.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
               help="Greedy token cap (default: each environment's own).")
@@ -45,8 +47,8 @@ def study_shards() -> None:
 @THREADS
 @SANDBOX
 @friendly
-def run(run_dir, data, shard_items, max_hours, max_shards, commit, model, envs, failures, seed, max_new_tokens,
-        check_items, threads, sandbox) -> None:
+def run(run_dir, data, shard_items, max_hours, max_shards, commit, model, envs, failures, only, seed,
+        max_new_tokens, check_items, threads, sandbox) -> None:
     """Run the next shards of the study into RUN_DIR (e.g. results/smollm2-135m-full), skipping committed ones."""
     from fastscore.deps import check_extras
     from fastscore.registry import default_model
@@ -56,7 +58,8 @@ def run(run_dir, data, shard_items, max_hours, max_shards, commit, model, envs, 
     config = ShardRunConfig(out_dir=run_dir, data_dir=data, shard_items=shard_items, max_hours=max_hours,
                             max_shards=max_shards, commit=commit, model=model or default_model(),
                             envs=tuple(csv_list(envs)), sources=tuple(csv_list(failures)), seed=seed,
-                            max_new_tokens=max_new_tokens, threads=threads, sandbox=sandbox, check_items=check_items)
+                            max_new_tokens=max_new_tokens, threads=threads, sandbox=sandbox, check_items=check_items,
+                            only_sources=None if only is None else tuple(csv_list(only)))
     outcome = run_shards(config, progress=True, say=click.echo)
     if outcome.check is not None:
         click.echo(f"mixing check: re-scored {', '.join(outcome.check['items'])}: reproduced (max |Δ| "
