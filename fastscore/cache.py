@@ -8,9 +8,10 @@ file was fsynced. The marker records:
 - `files`: each file's size, SHA-256 and a sampled fingerprint.
 Every time a variant is served, sizes and fingerprints are checked (a few MB read: catches truncation and zeroed
 tails), and each file's SHA-256 is taken again unless its identity (device, inode, size, mtime and ctime) is the one
-recorded in `.verified` when it was last hashed. Any write changes the ctime, which no user call can set back (os.utime
-sets mtime, not ctime), so a changed byte is caught before the variant scores anything. The full hash (~2 s for
-the 135M's 540 MB f32 GGUF on a busy 2-core machine, docs/exactness.md) is paid once per change, not per load.
+recorded in `.verified` when it was last hashed and matched the marker's hash (so an edited marker is checked again).
+Any write changes the ctime, which no user call can set back (os.utime sets mtime, not ctime), so a changed byte
+is caught before the variant scores anything. The full hash (~2 s for the 135M's 540 MB f32 GGUF on a busy 2-core
+machine, docs/exactness.md) is paid once per change, not per load.
 `fastscore models verify` hashes everything.
 """
 
@@ -37,7 +38,8 @@ from fastscore.version import __version__
 log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = ".complete"
-# Each file's identity when its SHA-256 last matched the marker (JSON: name -> identity); bookkeeping, not content.
+# Each file's identity when its SHA-256 last matched the marker, with that hash (JSON: name -> stamp_entry);
+# bookkeeping, not content.
 VERIFIED_STAMP = ".verified"
 # Bump when the layout of a variant folder or the way any variant is built changes in a way versions do not show.
 FORMAT_VERSION = 2
@@ -152,6 +154,12 @@ def identity(st: os.stat_result) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
+def stamp_entry(st: os.stat_result, record: dict) -> list:
+    """A file's identity and the SHA-256 the marker records for it: a stamp vouches for a file's bytes against that
+    hash only, so an edited marker (another recorded hash) makes the file be hashed again, like an edited file."""
+    return [*identity(st), record["sha256"]]
+
+
 def _read_stamp(folder: Path) -> dict:
     try:
         stamp = json.loads((folder / VERIFIED_STAMP).read_text())
@@ -160,7 +168,7 @@ def _read_stamp(folder: Path) -> dict:
     return stamp if isinstance(stamp, dict) else {}
 
 
-def _write_stamp(folder: Path, stamp: dict[str, list[int]]) -> None:
+def _write_stamp(folder: Path, stamp: dict[str, list]) -> None:
     """Record each file's identity taken before it was hashed and found intact (a write during the hash moves its
     ctime, so it is hashed again next time). A folder this user cannot write (a shared lab cache) keeps no stamp:
     its files are then hashed on every load, which is slower but as safe."""
@@ -204,7 +212,7 @@ def check_files(path: Path, *, full: bool = False) -> list[Problem]:
             problems.append(Problem(name, "missing"))
             continue
         st = file.stat()
-        seen[name] = identity(st)
+        seen[name] = stamp_entry(st, record)
         if st.st_size != record["size"]:
             problems.append(Problem(name, f"{st.st_size} bytes, built as {record['size']}"))
         elif fingerprint(file, st.st_size) != record["fingerprint"]:
@@ -239,7 +247,7 @@ def seal(folder: Path, variant: str) -> None:
     fsync_path(folder / COMPLETE_MARKER)
     _share_with_group(folder)
     # The files were just hashed into the marker; their identities are taken after the chmod, which moves ctimes.
-    _write_stamp(folder, {name: identity((folder / name).stat()) for name in marker["files"]})
+    _write_stamp(folder, {name: stamp_entry((folder / name).stat(), record) for name, record in marker["files"].items()})
     fsync_path(folder)
 
 

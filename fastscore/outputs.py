@@ -31,7 +31,13 @@ STDIO = "-"
 PARTIAL_SUFFIX = ".partial"
 SETTINGS_SUFFIX = ".partial.json"
 LOCK_FILE = ".fastscore.lock"
-HOLDER_FILE = ".fastscore.lock.holder"
+HOLDER_SUFFIX = ".holder"
+HOLDER_FILE = LOCK_FILE + HOLDER_SUFFIX
+
+
+def holder_path(lock_file: Path) -> Path:
+    """The file beside a lock that names its holder (pid, host, start, command)."""
+    return lock_file.with_name(lock_file.name + HOLDER_SUFFIX)
 
 
 def is_stdio(path: Path | str | None) -> bool:
@@ -132,6 +138,7 @@ class PartialOutput:
         self.settings = dict(settings)
         self.done: set[str] = set()
         self.fd: int | None = None
+        self.committed = False  # OUT.partial has been renamed to OUT: the lines are in OUT, whatever fails after
         ensure_parent(self.out)
         if self.partial.exists() and resume:
             self.durable_bytes = self._reopen()
@@ -210,6 +217,9 @@ class PartialOutput:
 
     def kept(self) -> str:
         """What a failed run leaves on disk, and what to do next (a note for the error message)."""
+        if self.committed:
+            return (f"all {self.n_durable} lines are in {self.out} (the rename from {self.partial.name} was done; only "
+                    "what follows it failed): the output is complete")
         if self.n_durable:
             return (f"the {self.n_durable} finished lines are kept in {self.partial} ({self.durable_bytes} bytes, "
                     "fsynced): rerun with --resume to continue, or with --restart to start over")
@@ -222,6 +232,7 @@ class PartialOutput:
             os.close(self.fd)
             self.fd = None
             os.replace(self.partial, self.out)
+            self.committed = True
             self.settings_file.unlink(missing_ok=True)
             fsync_path(self.out.parent)
         except OSError as exc:
@@ -234,7 +245,7 @@ class PartialOutput:
             self._cut_back()
             os.close(self.fd)
             self.fd = None
-        if not self.n_durable:
+        if not self.n_durable and not self.committed:
             discard_partial(self.out)
 
 
@@ -279,7 +290,7 @@ class ExclusiveLock:
 
     def __init__(self, lock_file: Path, what: str, hint: str) -> None:
         self.lock_file, self.what, self.hint = Path(lock_file), what, hint
-        self.holder_file = self.lock_file.with_name(self.lock_file.name + ".holder")
+        self.holder_file = holder_path(self.lock_file)
         self._lock = None
 
     def __enter__(self) -> "ExclusiveLock":

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastscore.errors import OutputError
-from fastscore.outputs import ExclusiveLock, atomic_tmp_path, is_stdio, partial_path, settings_path
+from fastscore.outputs import ExclusiveLock, atomic_tmp_path, holder_path, is_stdio, partial_path, settings_path
 from fastscore.provenance import meta_path
 
 SKIPPED_SUFFIX = ".skipped.jsonl"  # beside the record: the lines on_error="skip" set aside, with their reasons
@@ -86,7 +86,7 @@ class ScoreOutputs:
             "the metadata sidecar": meta,
             "the metadata's temporary file": atomic_tmp_path(meta),
             "the lock file": lock,
-            "the lock's holder file": lock.with_name(lock.name + ".holder"),
+            "the lock's holder file": holder_path(lock),
         }
 
     def check(self, inputs: Iterable[Path | str]) -> None:

@@ -113,6 +113,20 @@ def test_an_unchanged_file_is_hashed_once_and_a_flipped_byte_with_its_mtime_rest
     assert counted_hashes[sealed:] == ["model.gguf"]
 
 
+def test_a_marker_edited_by_hand_is_checked_against_the_file_not_vouched_for_by_the_stamp(tmp_path, counted_hashes):
+    final = tmp_path / "gguf-f32"
+    with cache.atomic_dir(final) as scratch:
+        (scratch / "model.gguf").write_bytes(np.random.default_rng(3).bytes(1 << 20))
+    marker_file = final / cache.COMPLETE_MARKER
+    marker = json.loads(marker_file.read_text())
+    marker["files"]["model.gguf"]["sha256"] = "0" * 64  # the file is untouched; its recorded hash is not
+    marker_file.write_text(json.dumps(marker))
+    n = len(counted_hashes)
+    problems = cache.check_files(final)
+    print(problems)
+    assert [p.what for p in problems] == ["SHA-256 differs from what was built"] and len(counted_hashes) == n + 1
+
+
 def test_a_damaged_copy_put_in_place_with_the_same_size_and_mtime_is_caught(tmp_path, counted_hashes):
     final = tmp_path / "gguf-f32"
     with cache.atomic_dir(final) as scratch:

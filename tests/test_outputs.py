@@ -51,6 +51,25 @@ def test_out_is_replaced_only_on_commit(tmp_path):
     assert not partial_path(out).exists() and not (tmp_path / "out.jsonl.partial.json").exists()
 
 
+def test_a_commit_that_fails_after_its_rename_says_the_output_is_complete(tmp_path, monkeypatch):
+    import fastscore.outputs as outputs
+
+    out = tmp_path / "out.jsonl"
+    partial = PartialOutput(out, SETTINGS, resume=False)
+    partial.write([{"id": 1}, {"id": 2}])
+
+    def failing_fsync(path):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(outputs, "fsync_path", failing_fsync)  # the folder's fsync, after the rename
+    with pytest.raises(OutputError, match="cannot write"):
+        partial.commit()
+    partial.close()
+    note = partial.kept()
+    assert f"all 2 lines are in {out}" in note and "--resume" not in note, note
+    assert out.read_text() == '{"id": 1}\n{"id": 2}\n' and not partial_path(out).exists()
+
+
 def test_a_partial_output_is_not_discarded_without_resume_or_restart(tmp_path):
     out = tmp_path / "out.jsonl"
     first = PartialOutput(out, SETTINGS, resume=False)
