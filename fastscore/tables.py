@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from fastscore.deps import require
-from fastscore.errors import OutputError, RequestError
+from fastscore.errors import DataError, OutputError, RequestError
+from fastscore.jsonl import read_jsonl
 from fastscore.outputs import write_atomic_with, write_text_atomic
 
 FORMATS = ("jsonl", "parquet", "csv")
@@ -35,8 +36,7 @@ def flatten(line: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def read_rows(jsonl: Path) -> list[dict[str, Any]]:
-    with open(jsonl, encoding="utf-8") as fh:
-        return [row for text in fh if text.strip() for row in flatten(json.loads(text))]
+    return [row for record in read_jsonl(jsonl) for row in flatten(record)]
 
 
 # The per-token columns a CSV holds as JSON strings; the scalar columns compare reads back as numbers.
@@ -61,7 +61,7 @@ def read_score_rows(path: Path) -> list[dict[str, Any]]:
     fmt = table_format(path)
     try:
         rows = _read_csv(path) if fmt == "csv" else _read_parquet(path) if fmt == "parquet" else _read_jsonl(path)
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+    except (DataError, ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         reason = str(exc).replace(str(path), "it")[:120]
         raise RequestError(f"{path}: expected {_EXPECTED}; cannot read it as {fmt} ({reason})") from None
     if not rows:
@@ -80,17 +80,12 @@ def read_score_rows(path: Path) -> list[dict[str, Any]]:
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with open(path, encoding="utf-8") as fh:
-        for text in fh:
-            if not text.strip():
-                continue
-            line = json.loads(text)
-            if not isinstance(line, dict) or not isinstance(line.get("candidates"), list) or not all(
-                    isinstance(c, dict) for c in line["candidates"]):
-                raise ValueError("a line without a list of scored candidates")
-            # hand-written outputs may leave out the index: the candidates' order is their index
-            line = line | {"candidates": [{"index": k} | c for k, c in enumerate(line["candidates"])]}
-            rows.extend(flatten(line))
+    for line in read_jsonl(path):
+        if not isinstance(line.get("candidates"), list) or not all(isinstance(c, dict) for c in line["candidates"]):
+            raise ValueError("a line without a list of scored candidates")
+        # hand-written outputs may leave out the index: the candidates' order is their index
+        line = line | {"candidates": [{"index": k} | c for k, c in enumerate(line["candidates"])]}
+        rows.extend(flatten(line))
     return rows
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fastscore.errors import DataError
+from fastscore.jsonl import read_jsonl
 from fastscore.outputs import write_text_atomic
 from fastscore.study import report_html_summary as summary_html
 
@@ -51,10 +52,7 @@ def _read_json(path: Path) -> Any:
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
-    try:
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except ValueError as exc:
-        raise DataError(f"cannot read {path}: {exc}") from exc
+    return read_jsonl(path)
 
 
 def write_token_changes(out_dir: Path, scorer, items: Sequence[dict[str, Any]] | None = None) -> Path:

@@ -22,7 +22,8 @@ from fastscore.errors import DataError
 from fastscore.study.runner import SeededItems
 from fastscore.study.shards.manifest import Manifest, sha256_file
 from fastscore.study.shards.plan import ShardSpec
-from fastscore.study.shards.rowfiles import read_jsonl, read_rows
+from fastscore.jsonl import read_jsonl
+from fastscore.study.shards.rowfiles import read_rows
 from fastscore.variants import BATCH_INVARIANCE_TOL
 
 log = logging.getLogger(__name__)

@@ -32,11 +32,6 @@ def _jsonl_line(record: dict[str, Any]) -> str:
     return json.dumps(record, ensure_ascii=False, sort_keys=True, allow_nan=False)
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def write_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> None:
     path.write_text("".join(_jsonl_line(r) + "\n" for r in records), encoding="utf-8")
 

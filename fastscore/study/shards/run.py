@@ -31,7 +31,8 @@ from fastscore.study.shards import manifest as manifests
 from fastscore.study.shards.manifest import Manifest, sha256_file
 from fastscore.study.shards.plan import ShardSpec, ensure_plan, partition
 from fastscore.study.shards.rescore import rescore, sample
-from fastscore.study.shards.rowfiles import read_jsonl, write_rows
+from fastscore.jsonl import read_jsonl
+from fastscore.study.shards.rowfiles import write_rows
 
 log = logging.getLogger(__name__)
 

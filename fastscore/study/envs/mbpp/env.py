@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from fastscore.decode import ActionDone
 from fastscore.errors import DataError
-from fastscore.study.datafile import read_json_objects
+from fastscore.jsonl import read_json_objects
 from fastscore.study.hygiene import check_description, redact
 from fastscore.study.envs.base import Outcome, Records, StudyEnv
 from fastscore.study.items import Item, Skipped
