@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from fastscore import cache, registry
 from fastscore.errors import ArtefactUnavailableError, UnknownQuantError, UnsupportedError
-from fastscore.variants import default_quant, validate, variant_name  # noqa: F401  (the pipeline imports them here)
+from fastscore.variants import validate, variant_name  # noqa: F401  (the pipeline imports variant_name here)
 
 
 GGUF_FILE = "model.gguf"
@@ -151,11 +151,12 @@ def resolve(model: str, backend: str, quant: str, *, hf_path: Path | None = None
     return build_artefact(source, backend, quant, progress=progress)
 
 
-def _local_gguf_artefact(source: ModelSource, backend: str, quant: str, progress: bool) -> Artefact:
-    """A GGUF file the user gave: scored by llama.cpp as it is; only its tokenizer folder is built (and cached)."""
-    from fastscore.conversion.pipeline import Stages, tokenizer_dir
-
+def check_local_gguf(source: ModelSource, backend: str, quant: str) -> str | None:
+    """A local GGUF file runs as it is: on llama.cpp, at the type it holds (returned); reads only its header. None
+    for any other source."""
     path = source.local_gguf
+    if path is None:
+        return None
     if backend != "llamacpp":
         raise UnsupportedError(f"a local GGUF file runs on the llamacpp backend only; for {backend}, give the HF "
                                "checkpoint folder it was made from as --model")
@@ -163,6 +164,15 @@ def _local_gguf_artefact(source: ModelSource, backend: str, quant: str, progress
     if quant != held:
         raise UnknownQuantError(f"{path.name} holds {held} weights and is scored as it is: pass --quant {held} "
                                 "(or leave --quant out)")
+    return held
+
+
+def _local_gguf_artefact(source: ModelSource, backend: str, quant: str, progress: bool) -> Artefact:
+    """A GGUF file the user gave: scored by llama.cpp as it is; only its tokenizer folder is built (and cached)."""
+    from fastscore.conversion.pipeline import Stages, tokenizer_dir
+
+    path = source.local_gguf
+    held = check_local_gguf(source, backend, quant)
     if _rebuildable_tokenizer(path):
         stages = Stages(0, f"preparing {path.name}", progress)
         try:
@@ -199,13 +209,6 @@ def _llamacpp_tokenizer_dir(source: ModelSource) -> Path:
         with cache.atomic_dir(final) as scratch:
             write_pointer(scratch, source.local_gguf)
     return final
-
-
-def default_quant_of(model: str, backend: str) -> str:
-    """A local GGUF file's own type on llama.cpp; else the session's default for the model and backend."""
-    if backend == "llamacpp" and model.endswith(".gguf") and Path(model).expanduser().is_file():
-        return gguf_quant(Path(model).expanduser())
-    return default_quant(model, backend)
 
 
 def local_variants(model: str) -> list[str]:
