@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from fastscore import registry
 from fastscore.backends.options import LlamaCppOptions, options_for
 from fastscore.cli import main
-from fastscore.errors import ArtefactUnavailableError, RequestError, UnknownModelError, UnknownQuantError, UnsupportedError
+from fastscore.errors import (ArtefactUnavailableError, RequestError, UnknownModelError, UnknownQuantError,
+                              UnsupportedError)
 from fastscore.selection import ModelSelection
 
 pytest.importorskip("gguf")
@@ -113,3 +114,12 @@ def test_the_study_on_a_local_gguf_without_quant_runs_at_the_files_type(tiny_q8_
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "study" / "config.json").read_text())
     assert (config["model"], config["quant"]) == (str(tiny_q8_gguf), "q8_0")
+
+
+def test_the_former_names_still_work_and_say_so():
+    import fastscore
+    from fastscore.session import open_scorer
+
+    assert fastscore.Session is fastscore.OpenModel  # the API's open model under its former name
+    with pytest.warns(DeprecationWarning, match="ModelSelection"), pytest.raises(UnknownModelError):
+        open_scorer("smollm2-135m-instructt", "llamacpp", "f32")  # checked by the selection, as every opener is
