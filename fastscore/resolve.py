@@ -9,6 +9,7 @@ from the hub, or its local cache; a clear error offline). Artefacts live in the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -76,6 +77,14 @@ def local_key(folder: Path) -> str:
 
 def gguf_quant(path: Path) -> str:
     """The quant name (as --quant spells it) of a GGUF file's weights, read from its general.file_type."""
+    stat = Path(path).stat()
+    return _gguf_quant(Path(path).resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+# Reading a GGUF's header parses its whole vocabulary (seconds of CPU for a 49k-token one), and selecting, checking
+# and resolving a local GGUF each need its type: read once per file version.
+@functools.lru_cache(maxsize=16)
+def _gguf_quant(path: Path, size: int, mtime_ns: int) -> str:
     from fastscore.deps import require
     from fastscore.variants import VARIANTS
 
@@ -151,9 +160,9 @@ def resolve(model: str, backend: str, quant: str, *, hf_path: Path | None = None
     return build_artefact(source, backend, quant, progress=progress)
 
 
-def check_local_gguf(source: ModelSource, backend: str, quant: str) -> str | None:
-    """A local GGUF file runs as it is: on llama.cpp, at the type it holds (returned); reads only its header. None
-    for any other source."""
+def check_local_gguf(source: ModelSource, backend: str, quant: str | None) -> str | None:
+    """A local GGUF file runs as it is: on llama.cpp, at the type it holds (returned; `quant` None: not compared);
+    reads only its header. None for any other source."""
     path = source.local_gguf
     if path is None:
         return None
@@ -161,7 +170,7 @@ def check_local_gguf(source: ModelSource, backend: str, quant: str) -> str | Non
         raise UnsupportedError(f"a local GGUF file runs on the llamacpp backend only; for {backend}, give the HF "
                                "checkpoint folder it was made from as --model")
     held = gguf_quant(path)
-    if quant != held:
+    if quant is not None and quant != held:
         raise UnknownQuantError(f"{path.name} holds {held} weights and is scored as it is: pass --quant {held} "
                                 "(or leave --quant out)")
     return held

@@ -73,9 +73,12 @@ class ModelSelection:
 
         model = model or default_model()
         hf_path = Path(hf_path) if hf_path is not None else None
-        quant = quant or default_quant_of(model, backend)
-        validate(backend, quant)
+        if quant:
+            validate(backend, quant)
         source = model_source(model, hf_path)
+        # A local GGUF's own type is its default (its header is read once here).
+        quant = quant or check_local_gguf(source, backend, None) or default_quant(model, backend)
+        validate(backend, quant)
         check_local_gguf(source, backend, quant)
         options = _options_record(backend, backend_options, n_ctx)
         return cls(model=model, backend=backend, quant=quant, source=source, hf_path=hf_path, threads=threads,
