@@ -193,12 +193,13 @@ def measure_cells(scorer, cells: Sequence[Sequence[int]], steps: int, repeats: i
 def run_worker_spec(spec: dict) -> dict:
     """The `decode_bound` task of fastscore.bench.worker."""
     from fastscore.backends.options import options_for
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
 
     options = options_for("llamacpp", spec["backend_options"]) if spec.get("backend_options") else None
     barrier = file_barrier(Path(spec["barrier"]), spec["label"], spec["parties"]) if spec.get("barrier") else None
-    with open_scorer(spec["model"], "llamacpp", spec["quant"], n_threads=spec["threads"], progress=False,
-                     backend_options=options) as scorer:
+    selection = ModelSelection.resolve(spec["model"], "llamacpp", spec["quant"], threads=spec["threads"],
+                                       backend_options=options)
+    with selection.open() as scorer:
         return measure_cells(scorer, spec["cells"], spec["steps"], spec["repeats"], spec.get("pp_tokens"),
                              spec.get("seed", 0), barrier)
 

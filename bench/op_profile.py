@@ -141,13 +141,14 @@ def run_worker_spec(spec: dict) -> dict:
     from fastscore.bench.roofline import measure_sgemm
     from fastscore.bench.workload import Workload, context_ids
     from fastscore.engine.trie import distinct_prefix_positions
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
 
     sgemm = measure_sgemm(spec.get("sgemm_n", 2048), max(5, spec["repeats"]))
     workload = Workload.from_json(Path(spec["workload"]).read_text(encoding="utf-8"))
     options = options_for("llamacpp", spec.get("backend_options") or {})
-    with open_scorer(spec["model"], "llamacpp", spec["quant"], n_threads=spec["threads"], progress=False,
-                     backend_options=options) as scorer:
+    selection = ModelSelection.resolve(spec["model"], "llamacpp", spec["quant"], threads=spec["threads"],
+                                       backend_options=options)
+    with selection.open() as scorer:
         requests = token_requests(scorer, workload)
         distinct = [context_ids(scorer, s) for s in workload.sets]
         path = scorer.backend.path

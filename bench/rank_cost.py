@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from fastscore.registry import default_model
     from fastscore.requests_io import score_file
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
 
     model = args.model or default_model()
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
         n_requests = _write_requests(requests, args.data or default_data_dir(), args.limit)
         seconds: dict[str, list[float]] = {way: [] for way in WAYS}
         outputs: dict[str, list[dict]] = {}
-        with open_scorer(model, "llamacpp", args.quant, n_threads=args.threads) as scorer:
+        with ModelSelection.resolve(model, "llamacpp", args.quant, threads=args.threads).open() as scorer:
             score_file(scorer, requests, Path(tmp) / "warm.jsonl", progress=False)  # warm-up, not counted
             for _ in range(args.repeats):
                 for way in WAYS:

@@ -122,11 +122,11 @@ def spawn(spec: dict, scratch: Path, label: str) -> dict:
 
 def _resolve_all(model: str, configs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], object]:
     """Convert every artefact up front so no worker's time or memory includes a conversion."""
-    from fastscore.resolve import resolve
+    from fastscore.selection import ModelSelection
 
     out = {}
     for backend, quant in tqdm(configs, desc="artefacts", unit="variant", disable=None):
-        out[(backend, quant)] = resolve(model, backend, quant, progress=True)
+        out[(backend, quant)] = ModelSelection.resolve(model, backend, quant).artefact(progress=True)
     return out
 
 

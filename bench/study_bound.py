@@ -90,7 +90,7 @@ def measure(folders: Sequence[Path], threads: int, sgemm_n: int = 2048, scratch_
     from fastscore.bench.roofline import shape_from_gguf
     from fastscore.bench.run import spawn
     from fastscore.errors import DataError
-    from fastscore.resolve import resolve
+    from fastscore.selection import ModelSelection
 
     works = [study_work(Path(f)) for f in folders]
     models = {(w["model"], w["quant"]) for w in works}
@@ -98,7 +98,7 @@ def measure(folders: Sequence[Path], threads: int, sgemm_n: int = 2048, scratch_
         raise DataError(f"the study runs must share one model and type (got {sorted(map(str, models))})")
     model, quant = models.pop()
     load_at_start = [round(x, 2) for x in os.getloadavg()]
-    shape = shape_from_gguf(resolve(model, "llamacpp", quant, progress=True).path)
+    shape = shape_from_gguf(ModelSelection.resolve(model, "llamacpp", quant).artefact(progress=True).path)
     with tempfile.TemporaryDirectory(prefix="fastscore-study-bound-", dir=scratch_dir) as tmp:
         sgemm = spawn({"task": "sgemm", "n": sgemm_n, "repeats": 5, "threads": threads}, Path(tmp), "sgemm")
     runs = [run_bound(w, shape, sgemm["gflops"]) for w in works]

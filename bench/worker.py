@@ -44,12 +44,13 @@ def run_spec(spec: dict) -> dict:
     from fastscore.bench import measure
     from fastscore.bench.workload import Workload
     from fastscore.backends.options import options_for
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
 
     workload = Workload.from_json(Path(spec["workload"]).read_text(encoding="utf-8"))
     options = options_for(spec["backend"], spec["backend_options"]) if spec.get("backend_options") else None
-    with open_scorer(spec["model"], spec["backend"], spec["quant"], n_threads=spec["threads"], progress=False,
-                     backend_options=options) as scorer:
+    selection = ModelSelection.resolve(spec["model"], spec["backend"], spec["quant"], threads=spec["threads"],
+                                       backend_options=options)
+    with selection.open() as scorer:
         if task == "backend":
             return measure.measure_backend(scorer, workload, spec["repeats"], spec.get("pp_tokens", 512),
                                            spec.get("per_request_repeats", 1), spec.get("per_request_limit"))

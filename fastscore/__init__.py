@@ -7,9 +7,11 @@
 Importing this package imports no backend: heavy libraries load when a model is loaded.
 """
 
-from fastscore.api import Session, candidate_rows, load, to_frame
+from fastscore.api import OpenModel, Session, candidate_rows, load, to_frame
 from fastscore.records import CandidateSetResult, GreedyResult, Message, ScoreResult
+from fastscore.selection import ModelSelection
 from fastscore.version import __version__
 
-__all__ = ["CandidateSetResult", "GreedyResult", "Message", "ScoreResult", "Session", "__version__",
-           "candidate_rows", "load", "to_frame"]
+# Session: OpenModel's former name, kept as an alias.
+__all__ = ["CandidateSetResult", "GreedyResult", "Message", "ModelSelection", "OpenModel", "ScoreResult", "Session",
+           "__version__", "candidate_rows", "load", "to_frame"]

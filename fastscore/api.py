@@ -1,4 +1,4 @@
-"""The Python API: `fastscore.load(...)` opens a model once; `score` / `score_many` take plain dicts.
+"""The Python API: `fastscore.load(...)` opens a model once (an OpenModel); `score` / `score_many` take plain dicts.
 
     import fastscore
     s = fastscore.load()                      # the embedded default model on llama.cpp, exact f32
@@ -26,7 +26,7 @@ from fastscore.requests_schema import InputRecord, record_from_dict
 log = logging.getLogger(__name__)
 
 
-class Session:
+class OpenModel:
     """An open model: scores candidate sets with shared prefixes. Close it (or use `with`) to free the backend."""
 
     def __init__(self, scorer, model: str, backend: str, quant: str) -> None:
@@ -97,11 +97,16 @@ class Session:
     def close(self) -> None:
         self.scorer.close()
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> "OpenModel":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# The open model's former name, kept so code written against it keeps working ("session" now means nothing else in
+# the API).
+Session = OpenModel
 
 
 def load(
@@ -115,25 +120,18 @@ def load(
     include_end_of_turn: bool = True,
     backend_options: Mapping[str, Any] | None = None,
     progress: bool = False,
-) -> Session:
+) -> OpenModel:
     """Open `model` (default: the embedded SmolLM2-135M-Instruct; also a local GGUF file, a local HF folder or a hub
     id) on `backend` at `quant` (default: the backend's full-precision, batch-invariant type: llama.cpp f32, for the
     embedded model derived once from its shipped Q4_1 file, ONNX fp32; a local GGUF file's own type). `top_k` > 0
     returns that many alternatives per scored token; `backend_options` are the backend's typed options by name
     (e.g. {"kv_type": "f16", "n_ctx": 8192})."""
-    from fastscore.backends.options import parse_options
-    from fastscore.registry import default_model
-    from fastscore.resolve import default_quant_of, validate
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
 
-    model = model or default_model()
-    quant = quant or default_quant_of(model, backend)
-    validate(backend, quant)
-    options = parse_options(backend, [f"{k}={v}" for k, v in (backend_options or {}).items()])
-    scorer = open_scorer(model, backend, quant, hf_path=Path(hf_path) if hf_path else None, n_threads=threads,
-                         backend_options=options, progress=progress, include_end_of_turn=include_end_of_turn,
-                         top_k=top_k)
-    return Session(scorer, model, backend, quant)
+    selection = ModelSelection.resolve(model, backend, quant, hf_path=hf_path, threads=threads,
+                                       backend_options=dict(backend_options or {}))
+    scorer = selection.open(progress=progress, include_end_of_turn=include_end_of_turn, top_k=top_k)
+    return OpenModel(scorer, selection.model, selection.backend, selection.quant)
 
 
 def candidate_rows(results: Iterable[CandidateSetResult]) -> list[dict[str, Any]]:

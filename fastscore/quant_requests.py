@@ -24,9 +24,9 @@ REFERENCE = ("reference", "fp32")
 def _score(requests: Path, model: str, backend: str, quant: str, out: Path, threads: int | None,
            progress: bool, command: str) -> Path:
     from fastscore.requests_io import score_file
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
 
-    with open_scorer(model, backend, quant, n_threads=threads, progress=progress) as scorer:
+    with ModelSelection.resolve(model, backend, quant, threads=threads).open(progress=progress) as scorer:
         score_file(scorer, requests, out, progress=progress)
         meta = provenance.run_metadata(scorer, model=model, backend=backend, quant=quant,
                                        command=command)

@@ -9,6 +9,7 @@ from the hub, or its local cache; a clear error offline). Artefacts live in the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from types import MappingProxyType
 
 from fastscore import cache, registry
 from fastscore.errors import ArtefactUnavailableError, UnknownQuantError, UnsupportedError
-from fastscore.variants import default_quant, validate, variant_name  # noqa: F401  (the pipeline imports them here)
+from fastscore.variants import validate, variant_name  # noqa: F401  (the pipeline imports variant_name here)
 
 
 GGUF_FILE = "model.gguf"
@@ -76,6 +77,14 @@ def local_key(folder: Path) -> str:
 
 def gguf_quant(path: Path) -> str:
     """The quant name (as --quant spells it) of a GGUF file's weights, read from its general.file_type."""
+    stat = Path(path).stat()
+    return _gguf_quant(Path(path).resolve(), stat.st_size, stat.st_mtime_ns)
+
+
+# Reading a GGUF's header parses its whole vocabulary (seconds of CPU for a 49k-token one), and selecting, checking
+# and resolving a local GGUF each need its type: read once per file version.
+@functools.lru_cache(maxsize=16)
+def _gguf_quant(path: Path, size: int, mtime_ns: int) -> str:
     from fastscore.deps import require
     from fastscore.variants import VARIANTS
 
@@ -151,18 +160,28 @@ def resolve(model: str, backend: str, quant: str, *, hf_path: Path | None = None
     return build_artefact(source, backend, quant, progress=progress)
 
 
+def check_local_gguf(source: ModelSource, backend: str, quant: str | None) -> str | None:
+    """A local GGUF file runs as it is: on llama.cpp, at the type it holds (returned; `quant` None: not compared);
+    reads only its header. None for any other source."""
+    path = source.local_gguf
+    if path is None:
+        return None
+    if backend != "llamacpp":
+        raise UnsupportedError(f"a local GGUF file runs on the llamacpp backend only; for {backend}, give the HF "
+                               "checkpoint folder it was made from as --model")
+    held = gguf_quant(path)
+    if quant is not None and quant != held:
+        raise UnknownQuantError(f"{path.name} holds {held} weights and is scored as it is: pass --quant {held} "
+                                "(or leave --quant out)")
+    return held
+
+
 def _local_gguf_artefact(source: ModelSource, backend: str, quant: str, progress: bool) -> Artefact:
     """A GGUF file the user gave: scored by llama.cpp as it is; only its tokenizer folder is built (and cached)."""
     from fastscore.conversion.pipeline import Stages, tokenizer_dir
 
     path = source.local_gguf
-    if backend != "llamacpp":
-        raise UnsupportedError(f"a local GGUF file runs on the llamacpp backend only; for {backend}, give the HF "
-                               "checkpoint folder it was made from as --model")
-    held = gguf_quant(path)
-    if quant != held:
-        raise UnknownQuantError(f"{path.name} holds {held} weights and is scored as it is: pass --quant {held} "
-                                "(or leave --quant out)")
+    held = check_local_gguf(source, backend, quant)
     if _rebuildable_tokenizer(path):
         stages = Stages(0, f"preparing {path.name}", progress)
         try:
@@ -199,13 +218,6 @@ def _llamacpp_tokenizer_dir(source: ModelSource) -> Path:
         with cache.atomic_dir(final) as scratch:
             write_pointer(scratch, source.local_gguf)
     return final
-
-
-def default_quant_of(model: str, backend: str) -> str:
-    """A local GGUF file's own type on llama.cpp; else the session's default for the model and backend."""
-    if backend == "llamacpp" and model.endswith(".gguf") and Path(model).expanduser().is_file():
-        return gguf_quant(Path(model).expanduser())
-    return default_quant(model, backend)
 
 
 def local_variants(model: str) -> list[str]:

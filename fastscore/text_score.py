@@ -127,24 +127,24 @@ def run_text(text_arg: str, out, *, model: str | None, backend: str, quant: str 
              threads: int | None = None, backend_options=(), n_ctx: int | None = None, command: str = "") -> TextRun:
     """`fastscore score --text`: score the text and write the JSON (with the run's metadata) to `out` or stdout."""
     from fastscore import outputs, provenance
-    from fastscore.session import open_scorer, scoring_settings
+    from fastscore.selection import ModelSelection
 
     text = read_text_arg(text_arg)
     if not text:
         raise RequestError("the text is empty: there is nothing to score")
     if out is not None and not outputs.is_stdio(out):
         outputs.ensure_parent(out)
-    model, quant, options = scoring_settings(model, backend, quant, hf_path=hf_path,
-                                             backend_options=backend_options, n_ctx=n_ctx)
-    with open_scorer(model, backend, quant, hf_path=hf_path, n_threads=threads, backend_options=options,
-                     progress=True) as scorer:
+    selection = ModelSelection.resolve(model, backend, quant, hf_path=hf_path, threads=threads,
+                                       backend_options=backend_options, n_ctx=n_ctx)
+    with selection.open(progress=True) as scorer:
         result = score_text(scorer, text)
-        meta = provenance.run_metadata(scorer, model=model, backend=backend, quant=quant, backend_options=options,
-                                       command=command, extra={"text_chars": len(text)})
+        meta = provenance.run_metadata(scorer, model=selection.model, backend=backend, quant=selection.quant,
+                                       backend_options=selection.options, command=command,
+                                       extra={"text_chars": len(text)})
     body = json.dumps({**result.to_dict(), "meta": meta}, ensure_ascii=False, indent=1) + "\n"
     if out is None or outputs.is_stdio(out):
         sys.stdout.write(body)
         sys.stdout.flush()
     else:
         outputs.write_text_atomic(Path(out), body)
-    return TextRun(result, model, quant)
+    return TextRun(result, selection.model, selection.quant)

@@ -1,7 +1,7 @@
 """The one table of weights variants: every (backend, quant) fastscore can build, check, score and benchmark.
 
-Resolution, the session's defaults, conversion (llama.cpp's converter and quantizer, the ONNX export), the read-back
-checks, the quant check, the bench and the CLI help all read this table; adding a type is one line here.
+Resolution, the model selection's defaults, conversion (llama.cpp's converter and quantizer, the ONNX export), the
+read-back checks, the quant check, the bench and the CLI help all read this table; adding a type is one line here.
 """
 
 from __future__ import annotations

@@ -111,12 +111,12 @@ class FakeBackend(KVCacheBackend):
         self.counters = {"forward_calls": 0, "computed_tokens": 0, "output_rows": 0, "batch_sizes": [],
                          "caches_opened": 0}
 
-    def _decode_session(self, n_cells: int) -> FakeKV:
+    def _decode_cache(self, n_cells: int) -> FakeKV:
         self.counters["caches_opened"] += 1
         return FakeKV(self.model, n_cells, self.n_seq_max, self.counters)
 
-    def _scoring_session(self) -> FakeKV:
-        return self._decode_session(self.n_ctx)
+    def _scoring_cache(self) -> FakeKV:
+        return self._decode_cache(self.n_ctx)
 
     def score_alone(self, request: TokenRequest) -> TokenScores:
         """Ground truth without any trie or cache."""

@@ -1,4 +1,4 @@
-"""The Python API (fastscore.load / Session.score / score_many / to_frame) and its request forms: OpenAI-style
+"""The Python API (fastscore.load / OpenModel.score / score_many / to_frame) and its request forms: OpenAI-style
 dicts with tool calls, raw-text prompts, per-token ranks and top-k. The README's examples run in tests/test_docs.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from scorer_helpers import CountingFakeBackend
 
 import fastscore
-from fastscore.api import Session
+from fastscore.api import OpenModel
 from fastscore.errors import RequestError
 from fastscore.records import CandidateSet, Message, ScoreRequest, TokenRequest
 from fastscore.scorer import Scorer
@@ -44,7 +44,7 @@ def test_import_fastscore_loads_no_backend_library():
 
 @pytest.fixture
 def session(smollm_tokenizer):
-    return Session(Scorer(CountingFakeBackend(), smollm_tokenizer, top_k=3), "fake", "fake", "fake")
+    return OpenModel(Scorer(CountingFakeBackend(), smollm_tokenizer, top_k=3), "fake", "fake", "fake")
 
 
 def test_dict_messages_score_exactly_as_message_records(session):
@@ -65,7 +65,7 @@ def test_tool_calls_and_tools_reach_the_template_as_transformers_gives_them(tmp_
     transformers = pytest.importorskip("transformers")
     folder = copy_tokenizer(Path(smollm_tokenizer.name), tmp_path / "tok", template=TOOLS_TEMPLATE)
     scorer = Scorer(CountingFakeBackend(), Tokenizer.from_folder(folder))
-    ids = scorer.context_ids(Session._records([{"messages": MESSAGES, "candidates": ["x"]}])[0].messages,
+    ids = scorer.context_ids(OpenModel._records([{"messages": MESSAGES, "candidates": ["x"]}])[0].messages,
                              tools=TOOLS)
     # transformers is given what the OpenAI format means: the arguments as an object.
     parsed = json.loads(json.dumps(MESSAGES))

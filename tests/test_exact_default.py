@@ -23,7 +23,7 @@ from fastscore import provenance
 from fastscore.records import ScoreRequest, TokenRequest
 from fastscore.registry import default_model
 from fastscore.requests_io import read_requests, score_file
-from fastscore.session import default_quant
+from fastscore.variants import default_quant
 from fastscore.variants import BATCH_INVARIANCE_TOL
 
 pytest.importorskip("llama_cpp")
@@ -127,11 +127,11 @@ def _token_logprobs(out: Path) -> dict[tuple[str, int], np.ndarray]:
 def test_chunk_sizes_1_to_64_move_scores_as_meta_json_reports(smollm_artefact, tmp_path, quant):
     """`score --chunk-size N`: the scorer's calls, and so its trie groups and KV cell offsets, change with N. The
     exact default stays within the tolerance (meta.json: batch_dependent false); the shipped q4_1 does not (true)."""
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
 
     requests = _many_lines(tmp_path / "requests.jsonl")
     scores = {}
-    with open_scorer(default_model(), "llamacpp", quant, n_threads=2) as scorer:
+    with ModelSelection.resolve(default_model(), "llamacpp", quant, threads=2).open() as scorer:
         for size in CHUNK_SIZES:
             out = tmp_path / f"chunk-{size}.jsonl"
             score_file(scorer, requests, out, chunk_size=size, progress=False)

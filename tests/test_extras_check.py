@@ -33,13 +33,13 @@ def work_started(monkeypatch):
     import fastscore.bench.run as bench_run
     import fastscore.conversion.pipeline as pipeline
     import fastscore.score_run as score_run
-    import fastscore.session as session
+    import fastscore.selection as selection
     import fastscore.study.quantcheck.run as quant_run
     import fastscore.study.report_html as report_html
     import fastscore.study.runner as runner
     import fastscore.sweep.run as sweep_run
 
-    monkeypatch.setattr(session, "open_scorer", stand_in("open_scorer"))
+    monkeypatch.setattr(selection.ModelSelection, "open", stand_in("open"))
     monkeypatch.setattr(score_run, "run_score", stand_in("run_score"))
     monkeypatch.setattr(runner, "run_study", stand_in("run_study"))
     monkeypatch.setattr(sweep_run, "run_sweep", stand_in("run_sweep"))

@@ -100,7 +100,7 @@ def test_f32_default_is_the_old_routes_file_bit_for_bit(f32_artefact, smollm_art
     """The old route requantized the shipped file to f32 with llama.cpp's own quantizer: same tensors, bit for bit,
     and the same scores on the examples."""
     from fastscore.conversion.quantize import quantize_gguf
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
     from fastscore.requests_io import read_requests
 
     shipped = smollm_artefact("llamacpp", "q4_1").path
@@ -119,7 +119,7 @@ def test_f32_default_is_the_old_routes_file_bit_for_bit(f32_artefact, smollm_art
     from fastscore.tokenizer import Tokenizer
 
     sets = [r.candidate_set() for r in read_requests(EXAMPLES)]
-    with open_scorer("smollm2-135m-instruct", "llamacpp", "f32") as scorer:
+    with ModelSelection.resolve("smollm2-135m-instruct", "llamacpp", "f32").open() as scorer:
         new = [r.logprob for s in scorer.score_candidates(sets) for r in s.results]
     from fastscore.scorer import Scorer
 
@@ -134,13 +134,13 @@ def test_f32_default_is_the_old_routes_file_bit_for_bit(f32_artefact, smollm_art
 def test_f32_default_matches_the_reference_backend(f32_artefact, smollm_artefact):
     """The reference weights (transformers' dequantization of the same file, on torch) score alike."""
     pytest.importorskip("torch")
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
     from fastscore.requests_io import read_requests
 
     sets = [r.candidate_set() for r in read_requests(EXAMPLES)]
     scores = {}
     for backend, quant in (("llamacpp", "f32"), ("reference", "fp32")):
-        with open_scorer("smollm2-135m-instruct", backend, quant) as scorer:
+        with ModelSelection.resolve("smollm2-135m-instruct", backend, quant).open() as scorer:
             scores[backend] = np.array([t for s in scorer.score_candidates(sets) for r in s.results
                                         for t in r.token_logprobs])
     diff = float(np.max(np.abs(scores["llamacpp"] - scores["reference"])))

@@ -86,9 +86,9 @@ def test_minimal_install_scores_with_the_default(minimal_venv, tmp_path):
     assert meta["quant"] == "f32" and "gguf-py" in meta["weights_note"]
     # The same scores as this checkout's own run of the default (the main venv, its own cache).
     from fastscore.requests_io import read_requests
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
 
-    with open_scorer("smollm2-135m-instruct", "llamacpp", "f32") as scorer:
+    with ModelSelection.resolve("smollm2-135m-instruct", "llamacpp", "f32").open() as scorer:
         want = [r.logprob for s in scorer.score_candidates([r.candidate_set() for r in read_requests(EXAMPLES)])
                 for r in s.results]
     got = [c["logprob"] for r in rows for c in r["candidates"]]

@@ -32,7 +32,7 @@ from fastscore.records import CandidateSet, ScoreRequest
 from fastscore.registry import default_model
 from fastscore.requests_io import read_requests
 from fastscore.scorer import Scorer
-from fastscore.session import open_scorer
+from fastscore.selection import ModelSelection
 from fastscore.study.conditions import render_conditions
 from fastscore.study.envs.tools.env import ToolsEnv
 from fastscore.variants import BATCH_INVARIANCE_TOL
@@ -66,10 +66,10 @@ CONDITIONS = ("before", "after")
 
 
 def open_variant(backend: str, quant: str, options: dict) -> Scorer:
-    """The session's Scorer with typed backend options (n_threads apart: it is the session's own argument)."""
+    """The selection's Scorer with typed backend options (n_threads apart: it is the selection's own argument)."""
     fields = {k: v for k, v in options.items() if k != "n_threads"}
-    return open_scorer(default_model(), backend, quant, n_threads=options.get("n_threads"),
-                       backend_options=options_for(backend, fields))
+    return ModelSelection.resolve(default_model(), backend, quant, threads=options.get("n_threads"),
+                                  backend_options=options_for(backend, fields)).open()
 
 
 @pytest.fixture(scope="module")

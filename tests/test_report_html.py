@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 import pytest
 
-from fastscore.session import open_scorer
+from fastscore.selection import ModelSelection
 from fastscore.study.envs import items_for_envs, open_envs
 from fastscore.study.report_html import TOKENS_FILE, build_report_html, write_token_changes
 from fastscore.study.report_html_summary import BACKFIRE_RGB, CORRECTED_RGB
@@ -37,7 +37,7 @@ def study_folder(tmp_path_factory, study_data, smollm_artefact):
                                                     "quant": "q4_1", "envs": ["tools"], "data_dir": str(study_data),
                                                     "hf_path": None}))
     (folder / "summary.json").write_text(json.dumps(SUMMARY))
-    with open_scorer("smollm2-135m-instruct", "llamacpp", "q4_1", n_threads=2) as scorer:
+    with ModelSelection.resolve("smollm2-135m-instruct", "llamacpp", "q4_1", threads=2).open() as scorer:
         write_token_changes(folder, scorer)
     return folder, items
 

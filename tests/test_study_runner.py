@@ -216,7 +216,7 @@ def test_model_failures_are_the_models_own_greedy_attempts(tmp_path, data_dir):
 
 
 def test_an_item_too_long_for_the_model_is_recorded_and_the_run_goes_on(tmp_path, data_dir):
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
     from fastscore.study.envs import open_envs
     from fastscore.study.report import skipped_counts
     from fastscore.study.stages.decode import DecodePlan, greedy_stage
@@ -227,7 +227,7 @@ def test_an_item_too_long_for_the_model_is_recorded_and_the_run_goes_on(tmp_path
     huge = replace(item, item_id=item.item_id + ":huge", task=item.task + " please" * 5000)
     store = StudyStore(tmp_path)
     store.start({"test": 1}, resume=False)
-    with open_scorer("smollm2-135m-instruct", "llamacpp", "q4_1", n_threads=2, progress=False) as scorer:
+    with ModelSelection.resolve("smollm2-135m-instruct", "llamacpp", "q4_1", threads=2).open() as scorer:
         score_stage(store, scorer, envs, [huge, item], progress=False)
         greedy_stage(store, scorer, envs, [huge, item], lambda env: MAX_NEW, DecodePlan(False, 0, SEED), progress=False)
     errors = store.item_errors().load()

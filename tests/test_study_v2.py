@@ -76,14 +76,14 @@ def test_a_degenerate_attempt_is_kept_with_a_redacted_description_and_an_accepte
 
 
 def test_an_attempt_cut_off_at_the_token_cap_is_skipped_with_its_reason(study_data):
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
     from fastscore.study.envs.tools.env import ToolsEnv
     from fastscore.study.onpolicy import ModelFailureBuilder
 
     env = ToolsEnv(study_data)
     seeded = env.build_items(2, SEED)[0]
     skipped = []
-    with open_scorer("smollm2-135m-instruct", "llamacpp", "q4_1", n_threads=2, progress=False) as scorer:
+    with ModelSelection.resolve("smollm2-135m-instruct", "llamacpp", "q4_1", threads=2).open() as scorer:
         made = list(ModelFailureBuilder(env, scorer, SEED, max_new_tokens=3)._attempts(seeded, skipped))
     assert made == [None, None]
     assert [s.reason for s in skipped] == ["the model's attempt was cut off at the token cap"] * 2
@@ -92,7 +92,7 @@ def test_an_attempt_cut_off_at_the_token_cap_is_skipped_with_its_reason(study_da
 def test_mbpp_attempts_stop_after_the_program_and_make_the_items_a_decode_to_the_cap_makes(study_data):
     """The action_done rule only cuts what follows the program: on the exact type, the attempts make the same items
     and skip the same sources for the same reasons as the same attempts decoded to the cap."""
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
     from fastscore.study.envs.mbpp.env import MbppEnv
     from fastscore.study.onpolicy import ModelFailureBuilder
 
@@ -103,7 +103,7 @@ def test_mbpp_attempts_stop_after_the_program_and_make_the_items_a_decode_to_the
     env, to_cap_env = MbppEnv(study_data), ToTheCap(study_data)
     seeded = env.build_items(6, SEED)[0]
     outcomes = {}
-    with open_scorer("smollm2-135m-instruct", "llamacpp", "f32", n_threads=2, progress=False) as scorer:
+    with ModelSelection.resolve("smollm2-135m-instruct", "llamacpp", "f32", threads=2).open() as scorer:
         for name, e in (("stopped", env), ("to_cap", to_cap_env)):
             skipped = []
             made = list(ModelFailureBuilder(e, scorer, SEED, max_new_tokens=env.max_new_tokens)._attempts(seeded,
@@ -181,7 +181,7 @@ def test_a_retry_stops_once_it_leaves_the_failed_action_and_repeats_exactly_when
 
 def test_the_argmax_chain_agrees_with_real_greedy_decoding_on_the_exact_type(study_data):
     """On llama.cpp f32 (exact), a candidate's scored tokens are all argmax exactly when greedy decoding emits it."""
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
     from fastscore.study.conditions import distinct, render_conditions
     from fastscore.study.envs import open_envs
     from fastscore.study.stages.decode import chain_completion, greedy_budget
@@ -190,7 +190,7 @@ def test_the_argmax_chain_agrees_with_real_greedy_decoding_on_the_exact_type(stu
     envs = open_envs(["tools"], study_data)
     items = envs["tools"].build_items(3, SEED)[0]
     checked = agreed_repro = 0
-    with open_scorer("smollm2-135m-instruct", "llamacpp", "f32", n_threads=2, progress=False) as scorer:
+    with ModelSelection.resolve("smollm2-135m-instruct", "llamacpp", "f32", threads=2).open() as scorer:
         for item in items:
             contexts = [c for c in render_conditions(item, envs["tools"]) if not c.banned]
             reps = distinct(contexts, lambda x: x.messages)

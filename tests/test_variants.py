@@ -10,7 +10,7 @@ from fastscore.backends import BACKENDS
 from fastscore.backends.options import LlamaCppOptions, OnnxOptions, options_for, parse_options
 from fastscore.cli import main
 from fastscore.errors import RequestError, UnknownBackendError, UnknownQuantError
-from fastscore.session import default_quant
+from fastscore.variants import default_quant
 
 
 def test_every_backend_has_variants_and_a_full_precision_default():

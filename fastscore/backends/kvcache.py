@@ -1,7 +1,7 @@
 """Running trie plans on KV caches: the orchestration llama.cpp and the instrumented test fake share.
 
 `KVCacheBackend` owns the group-budget policy, the stats and the progress bar of scoring, and greedy decoding via
-`PlanDecoder`; a subclass supplies only its caches (`Session`s): the one scoring runs on, and fresh ones of a given
+`PlanDecoder`; a subclass supplies only its caches (`KVCache`s): the one scoring runs on, and fresh ones of a given
 size for decoding. The plans themselves are pure (fastscore.engine.plan).
 """
 
@@ -23,7 +23,7 @@ from fastscore.records import TokenRequest
 MIN_GROUPS_FOR_PROGRESS = 4
 
 
-class Session(Protocol):
+class KVCache(Protocol):
     """One KV cache a plan runs on: forward() feeds a Batch and returns its flagged logits rows in batch order
     (valid until the next forward)."""
 
@@ -34,10 +34,10 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
-class MeteredSession:
-    """A session that counts forward calls and computed tokens into the backend's stats, and advances a bar."""
+class MeteredCache:
+    """A cache that counts forward calls and computed tokens into the backend's stats, and advances a bar."""
 
-    def __init__(self, inner: Session, backend: Backend, bar=None) -> None:
+    def __init__(self, inner: KVCache, backend: Backend, bar=None) -> None:
         self.inner, self.backend, self.bar = inner, backend, bar
 
     def clear(self) -> None:
@@ -54,14 +54,14 @@ class MeteredSession:
         self.inner.close()
 
 
-def run_scoring(plan: ScoringPlan, session: Session) -> Iterator[tuple[Gather, np.ndarray]]:
+def run_scoring(plan: ScoringPlan, cache: KVCache) -> Iterator[tuple[Gather, np.ndarray]]:
     """Each batch of the plan on one KV cache, emptied before each batch: (its Gather, its logits rows)."""
     try:
         for batch, gather in plan.batches():
-            session.clear()
-            yield gather, session.forward(batch)
+            cache.clear()
+            yield gather, cache.forward(batch)
     finally:
-        session.clear()
+        cache.clear()
 
 
 class KVCacheBackend(Backend):
@@ -77,11 +77,11 @@ class KVCacheBackend(Backend):
         self.progress = progress
 
     @abc.abstractmethod
-    def _scoring_session(self) -> Session:
+    def _scoring_cache(self) -> KVCache:
         """The cache scoring runs on (at least n_ctx cells)."""
 
     @abc.abstractmethod
-    def _decode_session(self, n_cells: int) -> Session:
+    def _decode_cache(self, n_cells: int) -> KVCache:
         """A new cache of at least n_cells cells for one decoding group, closed by the decoder."""
 
     def group_tokens(self, requests: Sequence[TokenRequest]) -> int:
@@ -100,7 +100,7 @@ class KVCacheBackend(Backend):
         self.stats.extra["packs"] = self.stats.extra.get("packs", 0) + len(plan.groups)
         show = self.progress and len(plan.groups) >= MIN_GROUPS_FOR_PROGRESS
         with tqdm(total=plan.computed_tokens, unit="tok", desc=self.name, leave=False, disable=not show) as bar:
-            yield from run_scoring(plan, MeteredSession(self._scoring_session(), self, bar if show else None))
+            yield from run_scoring(plan, MeteredCache(self._scoring_cache(), self, bar if show else None))
 
     def _decoder(self, max_new_tokens: int) -> Decoder:
         return PlanDecoder(self, max_new_tokens)
@@ -145,7 +145,7 @@ class PlanDecoder(GroupedDecoder):
     def __init__(self, backend: KVCacheBackend, max_new_tokens: int) -> None:
         super().__init__(backend, max_new_tokens)
         self.plan: DecodePlan | None = None
-        self.sessions: list[Session] = []
+        self.caches: list[KVCache] = []
 
     def start(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
         self._begin(contexts)
@@ -155,11 +155,11 @@ class PlanDecoder(GroupedDecoder):
         out = np.zeros((0, 0), dtype=np.float32) if not contexts else None
         for g, group in enumerate(self.plan.groups):
             cells = group.n_tokens + self.reserve * len(group.owners)
-            self.sessions.append(MeteredSession(backend._decode_session(cells), backend))
-            self.sessions[g].clear()
+            self.caches.append(MeteredCache(backend._decode_cache(cells), backend))
+            self.caches[g].clear()
             batch, rows = self.plan.batch(g)
             # A piece's rows are a view valid until the next forward: copied before the next piece runs.
-            pieces = [np.array(self.sessions[g].forward(piece)) for piece in batch.split(backend.n_ctx)]
+            pieces = [np.array(self.caches[g].forward(piece)) for piece in batch.split(backend.n_ctx)]
             logits = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
             if out is None:
                 out = np.empty((len(self.plan.slot), logits.shape[1]), dtype=np.float32)
@@ -177,14 +177,14 @@ class PlanDecoder(GroupedDecoder):
             seqs = [active[k] for k in ks]
             batch = step_batch([self.plan.slot[a][1] for a in seqs], [tokens[k] for k in ks],
                                [self.next_pos[a] for a in seqs])
-            out[ks] = self.sessions[g].forward(batch)
+            out[ks] = self.caches[g].forward(batch)
             for a in seqs:
                 self.next_pos[a] += 1
         return out
 
     def close(self) -> None:
-        for session in self.sessions:
-            session.close()
-        self.sessions = []
+        for cache in self.caches:
+            cache.close()
+        self.caches = []
         self.plan = None
         self.group_of = []

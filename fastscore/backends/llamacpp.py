@@ -20,7 +20,7 @@ from fastscore.backends.options import DEFAULT_N_CTX, LlamaCppOptions
 from fastscore.backends.llamacpp_batch import (
     BatchBuffer,
     ContextSettings,
-    LlamaSession,
+    LlamaCache,
     new_context,
 )
 from fastscore.backends.llamacpp_streams import StreamDecoder, kv_bytes_per_cell
@@ -108,7 +108,7 @@ class LlamaCppBackend(KVCacheBackend):
             L.llama_free(self._ctx)
             self._ctx = new_context(L, self._model, self.n_ctx, self.n_ctx, self.settings)
         self._buffer = BatchBuffer(L, self.n_ctx, self.n_seq_max)
-        self._session = LlamaSession(L, self._ctx, self._buffer, self.n_vocab, owns_ctx=False)
+        self._cache = LlamaCache(L, self._ctx, self._buffer, self.n_vocab, owns_ctx=False)
         log.info("llama.cpp: %s, n_ctx=%d (trained %d), n_vocab=%d, %d threads, flash_attn=%s (decoding %s), kv=%s",
                  self.describe(), self.n_ctx, self.n_ctx_train, self.n_vocab, self.settings.n_threads,
                  options.flash_attn, options.decode_flash_attn, options.kv_type)
@@ -131,8 +131,8 @@ class LlamaCppBackend(KVCacheBackend):
 
     # --- the caches the shared KV-cache orchestration runs on ---
 
-    def _scoring_session(self) -> LlamaSession:
-        return self._session
+    def _scoring_cache(self) -> LlamaCache:
+        return self._cache
 
     def _decoder(self, max_new_tokens: int) -> Decoder:
         if self.options.decode_kv == "streams":
@@ -153,11 +153,11 @@ class LlamaCppBackend(KVCacheBackend):
         per_cell = kv_bytes_per_cell(self._L, self._model, self.options.kv_type)
         return max(int(self.options.decode_memory_mb * 2**20 // per_cell), 1)
 
-    def _decode_session(self, n_cells: int) -> LlamaSession:
+    def _decode_cache(self, n_cells: int) -> LlamaCache:
         self._require_open()
         n_cells = -(-max(n_cells, 256) // 256) * 256
         ctx = new_context(self._L, self._model, n_cells, self.n_ctx, self.decode_settings)
-        return LlamaSession(self._L, ctx, self._buffer, self.n_vocab, owns_ctx=True)
+        return LlamaCache(self._L, ctx, self._buffer, self.n_vocab, owns_ctx=True)
 
     # --- lifetime ---
 

@@ -93,9 +93,9 @@ class BatchBuffer:
             self.batch = None
 
 
-class LlamaSession:
-    """One llama context run as a trie-plan Session. Logits rows returned by forward() are views into
-    llama.cpp's output buffer, valid until the next forward() on this context."""
+class LlamaCache:
+    """One llama context run as a trie-plan KV cache (fastscore.backends.kvcache.KVCache). Logits rows returned by
+    forward() are views into llama.cpp's output buffer, valid until the next forward() on this context."""
 
     def __init__(self, L, ctx, buffer: BatchBuffer, n_vocab: int, owns_ctx: bool) -> None:
         self.L, self.ctx, self.buffer, self.owns_ctx = L, ctx, buffer, owns_ctx

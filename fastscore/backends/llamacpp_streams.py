@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastscore.backends.kvcache import GroupedDecoder, MeteredSession
-from fastscore.backends.llamacpp_batch import ContextSettings, LlamaSession, new_context
+from fastscore.backends.kvcache import GroupedDecoder, MeteredCache
+from fastscore.backends.llamacpp_batch import ContextSettings, LlamaCache, new_context
 from fastscore.backends.options import KV_CACHE_TYPES
 from fastscore.engine.plan import Batch, step_batch
 from fastscore.engine.trie import Node, Trie
@@ -90,8 +90,8 @@ def _meta(L, model, key: str) -> str:
 class _Stream:
     """One group's llama context, its KV memory and which stream each still-decoding member occupies."""
 
-    def __init__(self, session, memory, group: StreamGroup, n_batch: int) -> None:
-        self.session, self.memory, self.group, self.n_batch = session, memory, group, n_batch
+    def __init__(self, cache, memory, group: StreamGroup, n_batch: int) -> None:
+        self.cache, self.memory, self.group, self.n_batch = cache, memory, group, n_batch
         self.stream_of = {member: k for k, member in enumerate(group.members)}
 
 
@@ -132,9 +132,9 @@ class StreamDecoder(GroupedDecoder):
         settings: ContextSettings = backend.decode_stream_settings(len(group.members))
         n_batch = settings.n_ubatch  # at least one token per stream: a step is one micro-batch
         ctx = new_context(L, backend._model, group.cells * len(group.members), n_batch, settings, unified=False)
-        session = MeteredSession(LlamaSession(L, ctx, backend._buffer, self.n_vocab, owns_ctx=True), backend)
-        session.clear()
-        return _Stream(session, L.llama_get_memory(ctx), group, n_batch)
+        cache = MeteredCache(LlamaCache(L, ctx, backend._buffer, self.n_vocab, owns_ctx=True), backend)
+        cache.clear()
+        return _Stream(cache, L.llama_get_memory(ctx), group, n_batch)
 
     def _prefill(self, stream: _Stream, contexts: Sequence[Sequence[int]], out: np.ndarray) -> None:
         """Every trie node once, in the stream of the first context below it (members are in trie order, so that is
@@ -151,7 +151,7 @@ class StreamDecoder(GroupedDecoder):
             for lo in range(0, len(node.tokens), piece):
                 hi = min(lo + piece, len(node.tokens))
                 last = hi == len(node.tokens) and bool(node.owners)
-                rows = stream.session.forward(_run_batch(node, lo, hi, s, want_last=last))
+                rows = stream.cache.forward(_run_batch(node, lo, hi, s, want_last=last))
                 if last:
                     out[[members[o] for o in node.owners]] = rows[-1]
             # Copies are queued and run before the next decode, i.e. before anything else enters stream s.
@@ -170,7 +170,7 @@ class StreamDecoder(GroupedDecoder):
             ks = sorted(ks, key=lambda k: stream.stream_of[active[k]])  # ascending stream ids: one micro-batch
             batch = step_batch([stream.stream_of[active[k]] for k in ks], [tokens[k] for k in ks],
                                [self.next_pos[active[k]] for k in ks])
-            out[ks] = stream.session.forward(batch)
+            out[ks] = stream.cache.forward(batch)
             for k in ks:
                 self.next_pos[active[k]] += 1
         return out
@@ -196,7 +196,7 @@ class StreamDecoder(GroupedDecoder):
 
     def close(self) -> None:
         for stream in self.groups:
-            stream.session.close()
+            stream.cache.close()
         self.groups, self.group_of = [], []
 
 

@@ -1,4 +1,4 @@
-"""Typed backend options: one frozen, validated record per backend, reachable from open_scorer and the CLI.
+"""Typed backend options: one frozen, validated record per backend, reachable from the model selection and the CLI.
 
 Importing this module imports no backend; `parse_options` turns the CLI's `key=value` pairs into the record.
 """

@@ -40,13 +40,13 @@ def serve(model, backend, quant, host, port, threads, backend_option, top_k, exc
 
     check_extras(*extras_for_backend(backend), purpose=f"fastscore serve on {backend}")
     options = dict(pair.partition("=")[::2] for pair in backend_option)
-    session = load(model, backend, quant, threads=threads, top_k=top_k, include_end_of_turn=not exclude_end_of_turn,
-                   backend_options=options, progress=True)
+    opened = load(model, backend, quant, threads=threads, top_k=top_k, include_end_of_turn=not exclude_end_of_turn,
+                  backend_options=options, progress=True)
     limits = Limits(max_body_bytes=max_body_bytes, max_items=max_items, max_waiting=max_queue,
                     batch_window_s=batch_window_ms / 1000)
-    with session:
-        server = ScoringServer((host, port), session.scorer, session.model, limits)
-        click.echo(f"serving {session.model} [{backend}, {session.quant}; {session.weights_note}] on {server.url} "
+    with opened:
+        server = ScoringServer((host, port), opened.scorer, opened.model, limits)
+        click.echo(f"serving {opened.model} [{backend}, {opened.quant}; {opened.weights_note}] on {server.url} "
                    "(Ctrl-C stops)", err=True)
         try:
             server.serve_forever()

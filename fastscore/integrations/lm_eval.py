@@ -61,12 +61,12 @@ class FastscoreLM(TemplateLM):
         if scorer is None:
             from fastscore.api import load
 
-            session = load(None if model is None else str(model), str(backend), None if quant is None else str(quant),
-                           threads=threads, include_end_of_turn=False, progress=True,
-                           backend_options={k: str(v) for k, v in backend_options.items()})
-            scorer = session.scorer
-            self._info = {"fastscore_model": session.model, "fastscore_backend": session.backend,
-                          "fastscore_quant": session.quant}
+            opened = load(None if model is None else str(model), str(backend), None if quant is None else str(quant),
+                          threads=threads, include_end_of_turn=False, progress=True,
+                          backend_options={k: str(v) for k, v in backend_options.items()})
+            scorer = opened.scorer
+            self._info = {"fastscore_model": opened.model, "fastscore_backend": opened.backend,
+                          "fastscore_quant": opened.quant}
         else:
             self._info = {"fastscore_backend": scorer.backend.name}
         self._info["fastscore_weights"] = scorer.weights_note

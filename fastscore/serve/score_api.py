@@ -31,9 +31,9 @@ def parse_score(body: Any, max_candidates: int) -> ScoreCall:
     raws = [body] if single else body
     if not raws:
         raise RequestError("an empty list of requests")
-    from fastscore.api import Session
+    from fastscore.api import OpenModel
 
-    records = Session._records(raws)  # the Python API's validation: ids default to the place in the list, unique
+    records = OpenModel._records(raws)  # the Python API's validation: ids default to the place in the list, unique
     n_candidates = sum(len(record.candidates) for record in records)
     if n_candidates > max_candidates:
         raise RequestTooLargeError(f"{n_candidates} candidates in one request; at most {max_candidates}")

@@ -39,13 +39,13 @@ def cut_share(lengths, cap: int) -> float:
 
 def main(argv: list[str]) -> int:
     from fastscore.registry import default_model
-    from fastscore.session import default_quant, open_scorer
+    from fastscore.selection import ModelSelection
     from fastscore.study.datafile import default_data_dir
     from fastscore.study.envs import ENVS, env_class
 
     data = Path(argv[0]) if argv else default_data_dir()
     model = default_model()
-    scorer = open_scorer(model, "llamacpp", default_quant(model, "llamacpp"))
+    scorer = ModelSelection.resolve(model, "llamacpp").open()
     try:
         for name in ENVS:
             env = env_class(name)(data)

@@ -110,12 +110,12 @@ def write_report_html(out_dir: Path, *, threads: int | None = None, rescore: boo
     if not scorable:  # e.g. a sharded run's merged folder: its summary and plots, without the token explorer
         log.warning("%s has no config.json and items.jsonl: report.html without the per-item explorer", out_dir)
     elif rescore or not (out_dir / TOKENS_FILE).is_file():
-        from fastscore.session import open_scorer
+        from fastscore.selection import ModelSelection
 
         config = _read_json(out_dir / "config.json")
-        hf_path = Path(config["hf_path"]) if config.get("hf_path") else None
-        with open_scorer(config["model"], config["backend"], config["quant"], hf_path=hf_path, n_threads=threads,
-                         progress=True) as scorer:
+        selection = ModelSelection.resolve(config["model"], config["backend"], config["quant"],
+                                           hf_path=config.get("hf_path"), threads=threads)
+        with selection.open(progress=True) as scorer:
             write_token_changes(out_dir, scorer)
     return build_report_html(out_dir)
 

@@ -56,7 +56,7 @@ DEFAULT_LIMIT = 20
 class StudyConfig:
     model: str = field(default_factory=default_model)
     backend: str = "llamacpp"
-    quant: str | None = None  # None: the backend's default quant for the model (session.default_quant)
+    quant: str | None = None  # None: the model's default on the backend (fastscore.selection.default_quant_of)
     envs: tuple[str, ...] = ENVS
     limit: int | None = DEFAULT_LIMIT  # items per environment; None: every usable item
     seed: int = 0
@@ -84,9 +84,9 @@ class StudyConfig:
 
     def __post_init__(self) -> None:
         if self.quant is None:
-            from fastscore.session import default_quant
+            from fastscore.selection import default_quant_of
 
-            object.__setattr__(self, "quant", default_quant(self.model, self.backend))
+            object.__setattr__(self, "quant", default_quant_of(self.model, self.backend))
 
     def new_tokens(self, env: str) -> int:
         return self.max_new_tokens if self.max_new_tokens is not None else env_class(env).max_new_tokens
@@ -148,10 +148,7 @@ class StageTimer:
 
 def check_config(config: StudyConfig) -> None:
     """Typed errors for bad settings and missing data, before any model is loaded or --out is touched."""
-    from fastscore.resolve import model_source, validate
-
-    validate(config.backend, config.quant)
-    model_source(config.model, config.hf_path)
+    model_selection(config)
     unknown = [env for env in config.envs if env not in ENVS]
     if unknown or not config.envs:
         raise DataError(f"unknown environment(s) {unknown or config.envs}: choose from {', '.join(ENVS)}")
@@ -174,11 +171,17 @@ def check_config(config: StudyConfig) -> None:
         raise DataError(f"study data folder {data} not found (resolved: {data.resolve()}); pass --data DIR")
 
 
-def _open_scorer(config: StudyConfig, progress: bool):
-    from fastscore.session import open_scorer  # imports a backend: only when a study actually runs
+def model_selection(config: StudyConfig):
+    """The study's model, checked (fastscore.selection); nothing is loaded."""
+    from fastscore.selection import ModelSelection
 
-    return open_scorer(config.model, config.backend, config.quant, hf_path=config.hf_path, n_threads=config.threads,
-                       progress=progress, include_end_of_turn=config.include_end_of_turn)
+    return ModelSelection.resolve(config.model, config.backend, config.quant, hf_path=config.hf_path,
+                                  threads=config.threads)
+
+
+def _open_scorer(config: StudyConfig, progress: bool):
+    # imports a backend: only when a study actually runs
+    return model_selection(config).open(progress=progress, include_end_of_turn=config.include_end_of_turn)
 
 
 def decode_plan(config: StudyConfig) -> DecodePlan:

@@ -96,12 +96,12 @@ def _check_out(config: SweepConfig) -> None:
 def _prepare(pairs: Sequence[tuple[str, str, str]], progress: bool) -> dict[tuple[str, str], str]:
     """Resolve (convert on first use) each model variant here, once: workers then find it in the cache. A model
     that cannot be obtained is skipped with the reason; an unknown name is the user's error and stops the sweep."""
-    from fastscore.resolve import resolve
+    from fastscore.selection import ModelSelection
 
     skipped = {}
     for model, backend, quant in pairs:
         try:
-            resolve(model, backend, quant, progress=progress)
+            ModelSelection.resolve(model, backend, quant).artefact(progress=progress)
         except (ArtefactUnavailableError, ConversionError) as exc:
             skipped[(model, f"{backend}:{quant}")] = f"cannot be obtained here: {exc}"
             log.warning("skipping %s %s:%s: %s", model, backend, quant, exc)

@@ -110,9 +110,9 @@ class ShardRunner:
         if self._open is not None and self._open[0] == wanted:
             return self._open[1]
         self.close()
-        from fastscore.session import open_scorer
+        from fastscore.selection import ModelSelection
 
-        scorer = open_scorer(cell.model, cell.backend, cell.quant, n_threads=self.settings.threads)
+        scorer = ModelSelection.resolve(cell.model, cell.backend, cell.quant, threads=self.settings.threads).open()
         self._open = (wanted, scorer)
         return scorer
 

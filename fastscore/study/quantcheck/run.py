@@ -161,10 +161,11 @@ def score_variant(variant: Variant, items: Sequence[QuantItem], model: str, thre
                   ref_rows: ReferenceRows, ref_tokens: list[TokenRequest] | None, progress: bool = False
                   ) -> tuple[VariantScores, list[TokenRequest]]:
     """Score every item under `variant`; fill `ref_rows` (the reference) or compare against it (a variant)."""
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
 
     is_reference = variant == REFERENCE
-    with open_scorer(model, variant.backend, variant.quant, n_threads=threads, progress=progress) as scorer:
+    selection = ModelSelection.resolve(model, variant.backend, variant.quant, threads=threads)
+    with selection.open(progress=progress) as scorer:
         before = scorer.score([item.before for item in items])
         after = scorer.score_candidates([item.after for item in items])
         action = [ScoreRequest(item.after.id, item.after.messages, item.after.candidates[0]) for item in items]

@@ -65,9 +65,9 @@ def code_record() -> dict[str, Any]:
 
 def model_record(model: str, backend: str, quant: str) -> dict[str, Any]:
     """The weights a run scores: the file (or folder) the backend loads, and its SHA-256."""
-    from fastscore.resolve import resolve
+    from fastscore.selection import ModelSelection
 
-    artefact = resolve(model, backend, quant, progress=False)
+    artefact = ModelSelection.resolve(model, backend, quant).artefact()
     path = Path(artefact.path)
     return {"model": model, "backend": backend, "quant": quant, "weights": path.name,
             "sha256": sha256_tree(path) if path.is_dir() else sha256_file(path), "weights_note": artefact.weights_note}
