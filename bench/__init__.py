@@ -1,1 +1,2 @@
-"""Throughput benchmarks (`fastscore bench`): figures measured side by side in one run."""
+"""The measurements `fastscore bench` runs (throughput, scale); `lab/` holds the investigations, scripts the package
+never imports."""

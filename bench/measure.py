@@ -120,7 +120,7 @@ def measure_backend(scorer, workload: Workload, repeats: int, pp_tokens: int = 5
 
 
 def measure_rates(scorer, workload: Workload, repeats: int, pp_tokens: int = 512) -> dict:
-    """Shared scoring of every request in one call and raw prefill: the two rates `bench-scale` projects from,
+    """Shared scoring of every request in one call and raw prefill: the two rates `bench scale` projects from,
     with short warm-ups (one request; a 32-token prefill) so a large model spends its time on the timed runs."""
     backend = scorer.backend
     requests = token_requests(scorer, workload)

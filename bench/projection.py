@@ -1,4 +1,4 @@
-"""From `bench --scale` rates to the projected wall time of the full study grid, and the table of docs/scale.md.
+"""From `fastscore bench scale` rates to the projected wall time of the full study grid, and the table of docs/scale.md.
 
 The work of one item-run comes from a real study run's stage table (report.md: seconds and tokens the model computed
 per stage) and item counts (summary.json), for each failure source. A stage's tokens are run at the rate the bench

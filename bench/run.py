@@ -1,4 +1,4 @@
-"""`fastscore bench`: every configuration measured in one run, on the same requests, each in a fresh process.
+"""`fastscore bench throughput`: every configuration measured in one run, on the same requests, each in a fresh process.
 
 Order: convert whatever is missing (never timed), build the workload once, measure the sgemm limit, score with
 every backend configuration, then end to end (fastscore's best llama.cpp type and the exact types vs the transformers

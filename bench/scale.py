@@ -1,4 +1,4 @@
-"""`fastscore bench --scale`: conversion and scoring at real size, per registry model, resumable step by step.
+"""`fastscore bench scale`: conversion and scoring at real size, per registry model, resumable step by step.
 
 Each model is the embedded 135M (real weights) or the random-weight stand-in of a registry checkpoint with its exact
 config (`NAME@standin`, fastscore.conversion.standin). Per model, every step runs in its own process
@@ -212,7 +212,7 @@ def run_scale(opts: ScaleOptions) -> list[dict]:
     steps = step_names()
     out = []
     with tempfile.TemporaryDirectory(prefix="fastscore-scale-") as tmp, \
-            tqdm(total=len(steps) * len(opts.models), desc="bench --scale", unit="step", disable=None) as bar:
+            tqdm(total=len(steps) * len(opts.models), desc="bench scale", unit="step", disable=None) as bar:
         for model in opts.models:
             def on_step(step: str, model: str = model) -> None:
                 bar.set_postfix_str(f"{model} {step}")

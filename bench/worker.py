@@ -2,14 +2,17 @@
 
     python -m fastscore.bench.worker SPEC.json OUT.json
 
-SPEC: {"task": "sgemm" | "backend" | "e2e" | "greedy" | "convert" | "decode_bound" | "op_profile", "model", "backend",
+SPEC: {"task": "sgemm" | "backend" | "rates" | "e2e" | "greedy" | "convert" | "MODULE:FUNCTION", "model", "backend",
 "quant", "threads", "repeats", "workload": path, "backend_options" (optional: fields of the backend's options record), ...task options}.
+A "MODULE:FUNCTION" task (an investigation of fastscore.bench.lab) is that function called on the spec: the worker
+names no investigation, so the product's import graph holds none.
 The parent sets the BLAS/OpenMP thread variables in this process's environment before numpy loads. OUT gets the task's figures plus "max_rss_bytes" (this process or any subprocess it
 waited for, e.g. llama.cpp's converter) and "cpu_seconds" (user + system, both).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import resource
@@ -32,14 +35,9 @@ def run_spec(spec: dict) -> dict:
         from fastscore.bench.roofline import measure_sgemm
 
         return measure_sgemm(spec.get("n", 2048), spec["repeats"])
-    if task == "decode_bound":  # random-token contexts: no workload
-        from fastscore.bench.decode_bound import run_worker_spec
-
-        return run_worker_spec(spec)
-    if task == "op_profile":  # opens its own backends (plain and profiled)
-        from fastscore.bench.op_profile import run_worker_spec as op_profile
-
-        return op_profile(spec)
+    if ":" in task:  # a lab measurement (random-token contexts, or backends of its own): no workload here
+        module, _, function = task.partition(":")
+        return getattr(importlib.import_module(module), function)(spec)
 
     from fastscore.bench import measure
     from fastscore.bench.workload import Workload
@@ -85,7 +83,7 @@ def main(argv: list[str]) -> int:
 
     try:
         result = run_spec(spec)
-        if spec.get("backend") == "llamacpp" or spec["task"] in ("decode_bound", "op_profile"):
+        if spec.get("backend") == "llamacpp":
             from fastscore.bench.llamacpp_build import llamacpp_build
 
             result["llamacpp_build"] = llamacpp_build()  # which build (e.g. with a BLAS backend) made these figures

@@ -1,4 +1,4 @@
-"""`fastscore quant-check --requests FILE`: the quantisation check on a user's own scoring file.
+"""`fastscore bench quant --requests FILE`: the quantisation check on a user's own scoring file.
 
 The file is scored once by the transformers fp32 reference and once per variant (each output kept in --out as
 `<backend>-<quant>.jsonl` with its meta sidecar); each variant is then compared with the reference by

@@ -29,8 +29,8 @@ class Variant:
     file_type: str | None = None  # the GGUF's general.file_type name
     main_ggml_type: str | None = None  # the tensor type the GGUF quant is named after (k-quant mixes hold others)
     from_converter: bool = False  # written by llama.cpp's converter itself; other GGUF types are quantized from f32
-    in_bench: bool = False  # measured by `fastscore bench` by default
-    in_quant_check: bool = False  # compared with the reference by `fastscore quant-check` by default
+    in_bench: bool = False  # measured by `fastscore bench throughput` by default
+    in_quant_check: bool = False  # compared with the reference by `fastscore bench quant` by default
     full_precision: bool = False  # the backend's full-precision type: what a model is scored at by default
     # The largest |log-prob change| (nats per token) measured between batchings of the same requests on the 135M
     # (docs/exactness.md says how); None where not measured. meta.json reports it.

@@ -1,4 +1,5 @@
-"""Benchmark maths on crafted numbers, and a smoke run of `fastscore bench` at tiny sizes (no timing assertions)."""
+"""Benchmark maths on crafted numbers, and a smoke run of `fastscore bench throughput` at tiny sizes (no timing
+assertions)."""
 
 from __future__ import annotations
 
@@ -198,8 +199,8 @@ def _run_bench(tmp_path, data_dir, extra: list[str], as_json: bool = False) -> t
     from fastscore.cli import main
 
     json_out = tmp_path / "bench.json"
-    args = ["bench", "--limit", "1", "--env", "tools", "--backends", "llamacpp", "--quants", "q4_1",
-            "--repeats", "1", "--sgemm-n", "128", "--threads", "2", "--json-out", str(json_out),
+    args = ["bench", "throughput", "--limit", "1", "--env", "tools", "--backends", "llamacpp", "--quants", "q4_1",
+            "--repeats", "1", "--set", "sgemm_n=128", "--threads", "2", "--json-out", str(json_out),
             "--data", str(data_dir), *extra, *(["--json"] if as_json else [])]
     result = CliRunner().invoke(main, args)
     print(result.output)
@@ -233,8 +234,9 @@ def _check_short_table(output: str, summary: dict) -> None:
 
 def test_bench_smoke_tiny_sizes(tmp_path, study_data):
     """The shipped q4_1 GGUF on one context of one tools item: a short table, and every figure in the JSON."""
-    summary, output = _run_bench(tmp_path, study_data, ["--conditions", "before", "--skip-reference", "--pp-tokens", "16",
-                                       "--per-request-limit", "1", "--greedy-batches", "1", "--new-tokens", "1"])
+    summary, output = _run_bench(tmp_path, study_data, ["--set", "conditions=before", "--skip-reference", "--set", "pp_tokens=16",
+                                       "--set", "per_request_limit=1", "--set", "greedy_batches=1",
+                                       "--set", "new_tokens=1"])
     assert summary["workload"]["requests"] == 4  # 1 item x 1 context x 4 candidates
     assert summary["backends"]["llamacpp:q4_1"]["per_request_requests"] == 1
     build = summary["backends"]["llamacpp:q4_1"]["llamacpp_build"]  # the worker's own llama.cpp, not the parent's
@@ -250,8 +252,8 @@ def test_bench_smoke_tiny_sizes(tmp_path, study_data):
 @pytest.mark.slow
 def test_bench_smoke_with_reference(tmp_path, study_data):
     """Adds the transformers reference (end-to-end speedup, max difference) and batched greedy decoding; --json."""
-    summary, _ = _run_bench(tmp_path, study_data, ["--conditions", "before,after", "--pp-tokens", "64", "--greedy-batches", "1,2",
-                                       "--new-tokens", "2"], as_json=True)
+    summary, _ = _run_bench(tmp_path, study_data, ["--set", "conditions=before,after", "--set", "pp_tokens=64",
+                                       "--set", "greedy_batches=1,2", "--set", "new_tokens=2"], as_json=True)
     assert summary["workload"]["requests"] == 8  # 1 item x (before, after) x 4 candidates
     e2e = summary["end_to_end"]
     assert e2e["llamacpp:q4_1"]["requests"] == e2e["reference:fp32"]["requests"] == 8
@@ -278,3 +280,36 @@ def test_prefix_kv_peer_equals_the_reference_on_a_tiny_model(tiny_artefact):
         again = score_set_with_prefix_kv(backend.model, backend.torch, requests[::-1])[::-1]
     assert np.abs(np.subtract(got, want)).max() <= 1e-4
     assert np.abs(np.subtract(again, want)).max() <= 1e-4
+
+
+def test_set_parses_the_measurement_sizes_and_refuses_the_rest():
+    from fastscore.bench.settings import parse_settings
+    from fastscore.errors import RequestError
+
+    assert parse_settings(["pp_tokens=16", "greedy-batches=1, 8", "conditions=before,after", "sgemm_n=128"]) == {
+        "pp_tokens": 16, "greedy_batches": (1, 8), "conditions": ("before", "after"), "sgemm_n": 128}
+    for bad, why in (("threads=2", "KEY one of"), ("pp_tokens", "KEY one of"), ("pp_tokens=1", "at least 2"),
+                     ("new_tokens=1,2", "one number"), ("greedy_batches=0", "at least 1"), ("sgemm_n=x", "whole")):
+        with pytest.raises(RequestError, match=why):
+            parse_settings([bad])
+
+
+def test_the_bench_group_keeps_the_old_invocations():
+    """`fastscore bench OPTIONS` is `bench throughput OPTIONS`; the investigations' flags name their scripts; the old
+    command names still run, with a note naming the new one."""
+    from fastscore.cli import main
+
+    runner = CliRunner()
+    bare = runner.invoke(main, ["bench", "--set", "nope=1"])  # only throughput has --set: it was routed there
+    assert bare.exit_code == 6 and "--set 'nope=1'" in bare.output, bare.output
+    for flag, script in (("--decode-bound", "fastscore.bench.lab.decode_bound"),
+                         ("--op-profile", "fastscore.bench.lab.op_profile"),
+                         ("--study-bound=x", "fastscore.bench.lab.study_bound")):
+        moved = runner.invoke(main, ["bench", "--limit", "1", flag])
+        assert moved.exit_code == 2 and f"python -m {script}" in moved.output, moved.output
+    listed = runner.invoke(main, ["--help"]).output
+    assert "bench-scale" not in listed and "quant-check" not in listed  # hidden: the group lists the new names
+    for old, new in (("bench-scale", "scale"), ("quant-check", "quant")):
+        renamed = runner.invoke(main, [old, "--model" if old == "quant-check" else "--models", "nope-model"])
+        assert f"`fastscore {old}` is now `fastscore bench {new}`" in renamed.output, renamed.output
+        assert renamed.exit_code == 2 and "unknown model 'nope-model'" in renamed.output

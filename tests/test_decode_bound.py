@@ -1,4 +1,4 @@
-"""fastscore.bench.decode_bound on a tiny random model: what each cell decoded, the ratios and the byte model."""
+"""fastscore.bench.lab.decode_bound on a tiny random model: what each cell decoded, the ratios and the byte model."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from fastscore.bench.decode_bound import DecodeBoundOptions, attended_cells, parse_cell, run_decode_bound
-from fastscore.bench.decode_bound_table import render
+from fastscore.bench.lab.decode_bound import DecodeBoundOptions, attended_cells, parse_cell, run_decode_bound
+from fastscore.bench.lab.decode_bound_table import render
 from fastscore.conversion import tiny
 from fastscore.errors import RequestError
 
@@ -70,15 +70,14 @@ def test_decode_bound_on_a_tiny_model(tiny_model, tmp_path):
     assert json.loads(json.dumps(result)) == result
 
 
-def test_bench_decode_bound_flag_writes_the_json(tiny_model, tmp_path):
-    """`fastscore bench --decode-bound` runs the module's measurement with the bench's model, threads and output
+def test_the_decode_bound_script_writes_the_json(tiny_model, tmp_path):
+    """`python -m fastscore.bench.lab.decode_bound` runs the default grid with the given model, threads and output
     (--json: the JSON on stdout)."""
-    from fastscore.cli import main
+    from fastscore.bench.lab.decode_bound import cli
 
     json_out = tmp_path / "decode.json"
-    result = CliRunner().invoke(main, ["bench", "--decode-bound", "--model", str(tiny_model("llama")), "--threads",
-                                       "1", "--repeats", "1", "--pp-tokens", "16", "--json-out", str(json_out),
-                                       "--json"])
+    result = CliRunner().invoke(cli(), ["--model", str(tiny_model("llama")), "--threads", "1", "--repeats", "1",
+                                        "--pp-tokens", "16", "--json-out", str(json_out), "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(json_out.read_text())
     assert summary == json.loads(result.output)  # --json: the one JSON line and nothing else
@@ -89,10 +88,10 @@ def test_bench_decode_bound_flag_writes_the_json(tiny_model, tmp_path):
 
 def test_a_failing_worker_stops_the_one_waiting_for_it(tiny_model, tmp_path):
     """Concurrent decode workers meet at a barrier: when one fails, the other is stopped, not waited for."""
-    from fastscore.bench.decode_bound import _together
+    from fastscore.bench.lab.decode_bound import WORKER_TASK, _together
     from fastscore.errors import BenchmarkError
 
-    base = {"task": "decode_bound", "quant": "f32", "steps": 2, "repeats": 1, "cells": [[3, 2]], "pp_tokens": None,
+    base = {"task": WORKER_TASK, "quant": "f32", "steps": 2, "repeats": 1, "cells": [[3, 2]], "pp_tokens": None,
             "threads": 1, "barrier": str(tmp_path), "parties": 2}
     specs = [{**base, "model": str(tiny_model("llama")), "label": "waits"},
              {**base, "model": str(tmp_path / "no-such-model"), "label": "fails"}]

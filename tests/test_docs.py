@@ -244,7 +244,7 @@ def test_the_checker_refuses_what_the_cli_refuses() -> None:
         "fastscore score a.jsonl b.jsonl --out s.jsonl": "unexpected extra arguments",
         "fastscore score a.jsonl --top-k --out s.jsonl": "--top-k",
         "fastscore models lisst": "no such command 'lisst'",
-        "python -m fastscore.bench.decode_bound --streams 32 --stream 8": "no such option --stream",
+        "python -m fastscore.bench.lab.decode_bound --streams 32 --stream 8": "no such option --stream",
         "python -m fastscore.no_such_module --help": "no such module",
         "make tests": "no such Makefile target",
         "pip install -e '.[llamacp]'": "no such pip extra",

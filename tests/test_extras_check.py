@@ -109,19 +109,20 @@ def test_sweep_ray_needs_ray(monkeypatch, tmp_path, work_started):
 
 def test_quant_check_needs_the_reference_and_matplotlib(monkeypatch, tmp_path, work_started):
     _without(monkeypatch, "matplotlib")
-    _refused(["quant-check", "--variants", "llamacpp:q8_0", "--out", str(tmp_path / "q")], "study", "matplotlib",
+    _refused(["bench", "quant", "--variants", "llamacpp:q8_0", "--out", str(tmp_path / "q")], "study", "matplotlib",
              work_started)
     _without(monkeypatch, "torch")
-    _refused(["quant-check", "--variants", "llamacpp:q8_0", "--out", str(tmp_path / "q")], "reference,study",
+    _refused(["bench", "quant", "--variants", "llamacpp:q8_0", "--out", str(tmp_path / "q")], "reference,study",
              "torch", work_started)
 
 
 def test_bench_needs_each_backend_measured(monkeypatch, tmp_path, work_started):
     _without(monkeypatch, "torch")
-    _refused(["bench", "--backends", "llamacpp", "--data", str(tmp_path)], "reference", "torch", work_started)
+    _refused(["bench", "throughput", "--backends", "llamacpp", "--data", str(tmp_path)], "reference", "torch",
+             work_started)
     _without(monkeypatch, "llama_cpp")
-    _refused(["bench", "--backends", "llamacpp", "--skip-reference", "--data", str(tmp_path)], "llamacpp",
-             "llama-cpp-python", work_started)
+    _refused(["bench", "throughput", "--backends", "llamacpp", "--skip-reference", "--data", str(tmp_path)],
+             "llamacpp", "llama-cpp-python", work_started)
 
 
 def test_convert_needs_the_reference(monkeypatch, work_started):

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastscore.bench.op_kinds import (
+from fastscore.bench.lab.op_kinds import (
     GAP_GROUPS,
     KINDS,
     aggregate,
@@ -97,7 +97,7 @@ def test_mean_totals_sum_runs_then_divide():
 
 
 def test_op_rows_and_kind_totals_average_alike():
-    from fastscore.bench.op_profile import _op_rows, mean_kind_totals
+    from fastscore.bench.lab.op_profile import _op_rows, mean_kind_totals
 
     rng = np.random.default_rng(0)
     runs = [{"nodes": [{"phase": phase, "kind": kind, "op": op, "nodes": int(rng.integers(1, 9)),
@@ -119,13 +119,13 @@ def test_op_rows_and_kind_totals_average_alike():
 def test_compare_layouts_closes_every_opened_backend(monkeypatch):
     """A backend that fails to open (here the second) must not leak those opened before it."""
     import fastscore.backends.llamacpp as llamacpp
-    from fastscore.bench.op_profile import compare_layouts
+    from fastscore.bench.lab.op_profile import compare_layouts
     from fastscore.errors import ModelLoadError
 
     opened, closed = [], []
 
     class FakeBackend:
-        def __init__(self, path, threads, options, library=None):
+        def __init__(self, path, threads, options):
             if opened:
                 raise ModelLoadError("the second layout does not open")
             opened.append(self)
@@ -171,8 +171,8 @@ def test_the_gap_is_split_without_remainder():
 @pytest.mark.slow  # a measuring tool's end-to-end run (make test-all)
 def test_profiling_does_not_change_the_scores(tiny_artefact):
     pytest.importorskip("llama_cpp")
-    from fastscore.backends.llamacpp import LlamaCppBackend
-    from fastscore.bench.op_capture import NodeTimer
+    from fastscore.backends.llamacpp import LlamaCppBackend, llama_module
+    from fastscore.bench.lab.op_capture import NodeTimer, TimedLlama, observed_backend
     from fastscore.records import TokenRequest
 
     path = tiny_artefact("llama", "llamacpp", "f32").path
@@ -182,17 +182,19 @@ def test_profiling_does_not_change_the_scores(tiny_artefact):
     with LlamaCppBackend(path, n_threads=2) as plain:
         want = [s.logprobs for s in plain.score_tokens(requests)]
     timer = NodeTimer()
-    with LlamaCppBackend(path, n_threads=2, eval_callback=timer.callback) as profiled:
+    with observed_backend(path, 2, None, TimedLlama(llama_module(), eval_callback=timer.callback)) as profiled:
         got = [s.logprobs for s in profiled.score_tokens(requests)]
     timer.check()
-    assert max(float(np.abs(a - b).max()) for a, b in zip(got, want)) <= 1e-6
+    diff = max(float(np.abs(a - b).max()) for a, b in zip(got, want))
+    print(f"max |profiled - plain| log-prob difference: {diff:.3g}")
+    assert diff <= 1e-6
     assert sum(r["nodes"] for r in timer.rows()) > 0
 
 
 @pytest.mark.slow  # a measuring tool's end-to-end run (make test-all)
 def test_op_profile_of_a_tiny_model(tiny_model, study_data, tmp_path):
-    from fastscore.bench.op_profile import OpProfileOptions, run_op_profile
-    from fastscore.bench.op_profile_table import render
+    from fastscore.bench.lab.op_profile import OpProfileOptions, run_op_profile
+    from fastscore.bench.lab.op_profile_table import render
     from fastscore.conversion import tiny
 
     opts = OpProfileOptions(model=str(tiny_model("llama")), data_dir=study_data, items_per_env=1, envs=("tools",),
@@ -242,18 +244,18 @@ def test_op_profile_of_a_tiny_model(tiny_model, study_data, tmp_path):
     assert other["scoring_speedup"] == pytest.approx(first["scoring_seconds"] / other["scoring_seconds"])
 
 
-def test_bench_op_profile_flag_writes_the_json(tiny_model, study_data, tmp_path):
-    """`fastscore bench --op-profile` runs the module with the bench's options: the largest greedy batch is the number
-    of contexts decoded."""
+def test_the_op_profile_script_writes_the_json(tiny_model, study_data, tmp_path):
+    """`python -m fastscore.bench.lab.op_profile` runs the profile with the given options: --decode-contexts is the
+    number of contexts decoded."""
     from click.testing import CliRunner
 
-    from fastscore.cli import main
+    from fastscore.bench.lab.op_profile import cli
 
     json_out = tmp_path / "ops.json"
-    result = CliRunner().invoke(main, ["bench", "--op-profile", "--model", str(tiny_model("llama")), "--data",
-                                       str(study_data), "--limit", "1", "--env", "tools", "--conditions", "before",
-                                       "--threads", "1", "--repeats", "1", "--greedy-batches", "1,2",
-                                       "--new-tokens", "2", "--sgemm-n", "64", "--json-out", str(json_out)])
+    result = CliRunner().invoke(cli(), ["--model", str(tiny_model("llama")), "--data", str(study_data), "--limit",
+                                        "1", "--env", "tools", "--conditions", "before", "--threads", "1",
+                                        "--repeats", "1", "--decode-contexts", "2", "--new-tokens", "2",
+                                        "--sgemm-n", "64", "--json-out", str(json_out)])
     assert result.exit_code == 0, result.output
     summary = json.loads(json_out.read_text())
     assert '"decoding"' not in result.output  # a table for people; the JSON only with --json

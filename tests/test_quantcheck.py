@@ -1,4 +1,4 @@
-"""quant-check: the agreement maths on crafted inputs, variant parsing, and a smoke run on the embedded model."""
+"""bench quant (the quantisation check): the agreement maths on crafted inputs, variant parsing, and a smoke run on the embedded model."""
 
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ def test_quant_check_smoke_on_embedded_model(tmp_path, study_data):
     from fastscore.cli import main
 
     out = tmp_path / "quant"
-    result = CliRunner().invoke(main, ["quant-check", "--limit", "2", "--env", "tools", "--variants",
+    result = CliRunner().invoke(main, ["bench", "quant", "--limit", "2", "--env", "tools", "--variants",
                                        "llamacpp:q4_1", "--out", str(out), "--data", str(study_data),
                                        "--n-boot", "200", "--threads", "2"])
     print(result.output)

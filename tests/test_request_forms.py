@@ -183,9 +183,9 @@ def test_bench_workload_takes_every_request_kind(tmp_path, tools_scorer):
 def test_bench_requests_cli_runs_every_kind(tmp_path):
     requests = _every_kind(tmp_path / "r.jsonl", tools=False)  # SmolLM2's template reads no tools
     result = CliRunner().invoke(main, [
-        "bench", "--requests", str(requests), "--backends", "llamacpp", "--quants", "q4_1", "--skip-reference",
-        "--repeats", "1", "--pp-tokens", "16", "--per-request-limit", "1", "--greedy-batches", "1",
-        "--new-tokens", "1", "--sgemm-n", "128", "--threads", "2", "--json"])
+        "bench", "throughput", "--requests", str(requests), "--backends", "llamacpp", "--quants", "q4_1",
+        "--skip-reference", "--repeats", "1", "--set", "pp_tokens=16", "--set", "per_request_limit=1",
+        "--set", "greedy_batches=1", "--set", "new_tokens=1", "--set", "sgemm_n=128", "--threads", "2", "--json"])
     print(result.output[-3000:])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])

@@ -1,4 +1,4 @@
-"""Real-size stand-ins and `fastscore bench-scale`: the registry's configs, the sharded random-weight builder, how a
+"""Real-size stand-ins and `fastscore bench scale`: the registry's configs, the sharded random-weight builder, how a
 stand-in is named and refused, the per-step results file, and the projection's reading of a study's stage table.
 
 Real-size builds and conversions are `slow`; the fast tests use a two-layer model with the same code paths."""

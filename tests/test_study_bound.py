@@ -1,11 +1,11 @@
-"""fastscore.bench.study_bound's arithmetic on crafted stage tables (hand-checked numbers)."""
+"""fastscore.bench.lab.study_bound's arithmetic on crafted stage tables (hand-checked numbers)."""
 
 from __future__ import annotations
 
 import pytest
 
 from fastscore.bench.roofline import ModelShape, non_embedding_params
-from fastscore.bench.study_bound import flops_per_computed_token, pooled, run_bound
+from fastscore.bench.lab.study_bound import flops_per_computed_token, pooled, run_bound
 
 # One layer: attention 4 x 8 x 8 = 256 weights, MLP 3 x 8 x 16 = 384: 640 per token, 1,280 FLOPs.
 SHAPE = ModelShape(n_layer=1, d_model=8, n_head=2, n_kv_head=2, head_dim=4, d_ff=16, n_vocab=100)

@@ -328,13 +328,15 @@ def test_a_run_recorded_before_a_setting_existed_resumes_under_its_default(tmp_p
 
 
 def test_study_bound_reads_the_run_and_bounds_each_stage_by_its_tokens(baseline, tmp_path):
-    """`bench --study-bound`: each stage's tokens x 2 x non-embedding params at the sgemm rate it measured."""
+    """`python -m fastscore.bench.lab.study_bound`: each stage's tokens x 2 x non-embedding params at the sgemm rate
+    it measured."""
+    from fastscore.bench.lab.study_bound import cli
     from fastscore.bench.projection import stage_table
     from fastscore.bench.roofline import ModelShape, non_embedding_params
 
     json_out = tmp_path / "bound.json"
-    result = CliRunner().invoke(main, ["bench", "--study-bound", str(baseline), "--threads", "1", "--sgemm-n", "512",
-                                       "--json-out", str(json_out)])
+    result = CliRunner().invoke(cli(), [str(baseline), "--threads", "1", "--sgemm-n", "512", "--json-out",
+                                        str(json_out)])
     assert result.exit_code == 0, result.output + repr(result.exception)
     print(result.output)
     figures = json.loads(json_out.read_text())  # the table is for people; the figures are in --json-out

@@ -1,4 +1,4 @@
-"""`study`, `quant-check` and `bench` validate model, backend, quant and data before their output folder is created
+"""`study`, `bench quant` and `bench throughput` validate model, backend, quant and data before their output folder is created
 or cleaned; a study holds an exclusive lock on --out; a resumed study survives a torn line that ends in a newline."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_the_default_quant_is_the_backends():
 
 
 def test_a_new_out_folder_is_not_created_for_a_run_that_cannot_start(tmp_path):
-    for command in (["study", "--model", "nope-model", "--data", DATA], ["quant-check", "--model", "nope-model"]):
+    for command in (["study", "--model", "nope-model", "--data", DATA], ["bench", "quant", "--model", "nope-model"]):
         out = tmp_path / f"{command[0]}-out"
         result = _invoke(*command, "--out", out)
         assert result.exit_code == 2 and "unknown model 'nope-model'" in result.output
@@ -96,7 +96,7 @@ def test_a_second_study_on_the_same_out_is_refused_naming_the_holder(previous_ru
 
 
 def test_bench_checks_its_data_before_converting_anything(tmp_path):
-    result = _invoke("bench", "--data", tmp_path / "missing", "--json-out", tmp_path / "b.json")
+    result = _invoke("bench", "throughput", "--data", tmp_path / "missing", "--json-out", tmp_path / "b.json")
     assert result.exit_code == 7 and not (tmp_path / "b.json").exists()
 
 

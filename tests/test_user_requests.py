@@ -1,4 +1,4 @@
-"""bench and quant-check on a user's own scoring file (--requests), not the study's items."""
+"""bench throughput and bench quant on a user's own scoring file (--requests), not the study's items."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def requests_file(tmp_path):
 def test_quant_check_on_a_requests_file_compares_each_variant_with_the_reference(requests_file, tmp_path,
                                                                                   tiny_model):
     out = tmp_path / "quant"
-    result = CliRunner().invoke(main, ["quant-check", "--requests", str(requests_file), "--model",
+    result = CliRunner().invoke(main, ["bench", "quant", "--requests", str(requests_file), "--model",
                                        str(tiny_model("llama")), "--variants", "llamacpp:f32", "--out", str(out),
                                        "--threads", "2"])
     print(result.output)
@@ -44,9 +44,10 @@ def test_quant_check_on_a_requests_file_compares_each_variant_with_the_reference
 def test_bench_on_a_requests_file(requests_file, tmp_path):
     json_out = tmp_path / "bench.json"
     result = CliRunner().invoke(main, [
-        "bench", "--requests", str(requests_file), "--backends", "llamacpp", "--quants", "q4_1", "--repeats", "1",
-        "--sgemm-n", "128", "--threads", "2", "--skip-reference", "--pp-tokens", "16", "--per-request-limit", "1",
-        "--greedy-batches", "1", "--new-tokens", "1", "--json-out", str(json_out)])
+        "bench", "throughput", "--requests", str(requests_file), "--backends", "llamacpp", "--quants", "q4_1",
+        "--repeats", "1", "--set", "sgemm_n=128", "--threads", "2", "--skip-reference", "--set", "pp_tokens=16",
+        "--set", "per_request_limit=1", "--set", "greedy_batches=1", "--set", "new_tokens=1",
+        "--json-out", str(json_out)])
     print(result.output)
     assert result.exit_code == 0, result.output
     summary = json.loads(json_out.read_text())

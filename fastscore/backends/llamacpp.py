@@ -74,9 +74,7 @@ class LlamaCppBackend(KVCacheBackend):
     context_option = "--n-ctx"
 
     def __init__(self, path: Path, n_threads: int | None = None, options: LlamaCppOptions | None = None,
-                 progress: bool = False, eval_callback=None, library=None) -> None:
-        """`eval_callback` (ggml's scheduler eval callback) and `library` (the llama_cpp module, or a wrapper of it
-        that times calls) are for profiling only (fastscore.bench.op_profile)."""
+                 progress: bool = False) -> None:
         options = options or LlamaCppOptions()
         super().__init__(Path(path), n_threads, options.max_group_tokens, progress, options.max_decode_tokens)
         self.options = options
@@ -84,14 +82,13 @@ class LlamaCppBackend(KVCacheBackend):
         self._decoders: weakref.WeakSet = weakref.WeakSet()
         _check_gguf(self.path)
         module = llama_module()  # initialises llama.cpp's backend and routes its log, whatever wraps the module
-        self._L = L = library if library is not None else module
+        self._L = L = self.llama_library(module)
         self.n_seq_max = min(options.n_seq_max, int(L.llama_max_parallel_sequences()))
         if options.n_ctx is not None:  # more sequences than cells aborts llama.cpp (GGML_ASSERT n_outputs_max)
             self.n_seq_max = min(self.n_seq_max, options.n_ctx)
         self.settings = ContextSettings(n_ubatch=options.n_ubatch, n_seq_max=self.n_seq_max,
                                         n_threads=n_threads or os.cpu_count() or 1,
-                                        flash_attn=options.flash_attn, kv_type=options.kv_type,
-                                        eval_callback=eval_callback)
+                                        flash_attn=options.flash_attn, kv_type=options.kv_type)
         self.decode_settings = dataclasses.replace(self.settings, flash_attn=options.decode_flash_attn)
         model_params = L.llama_model_default_params()
         model_params.n_gpu_layers = 0
@@ -112,6 +109,11 @@ class LlamaCppBackend(KVCacheBackend):
         log.info("llama.cpp: %s, n_ctx=%d (trained %d), n_vocab=%d, %d threads, flash_attn=%s (decoding %s), kv=%s",
                  self.describe(), self.n_ctx, self.n_ctx_train, self.n_vocab, self.settings.n_threads,
                  options.flash_attn, options.decode_flash_attn, options.kv_type)
+
+    def llama_library(self, module):
+        """What every llama.cpp call of this backend goes through: the llama_cpp module. A subclass may return a
+        wrapper of it, so tools outside the product path can observe calls without a hook here."""
+        return module
 
     def describe(self) -> str:
         """llama.cpp's one-line model description, e.g. 'llama 135M Q4_1'."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -27,9 +26,6 @@ class ContextSettings:
     n_threads: int
     flash_attn: str
     kv_type: str
-    # ggml's scheduler eval callback (a ctypes ggml_backend_sched_eval_callback), for profiling only: with it, every
-    # graph node the callback wants runs as a graph of its own (fastscore.bench.op_capture).
-    eval_callback: Any = None
 
 
 def new_context(L, model, n_ctx: int, n_batch: int, s: ContextSettings, unified: bool = True):
@@ -50,8 +46,6 @@ def new_context(L, model, n_ctx: int, n_batch: int, s: ContextSettings, unified:
     params.flash_attn_type = FLASH_ATTN_MODES[s.flash_attn]
     params.type_k = params.type_v = KV_CACHE_TYPES[s.kv_type].ggml_type
     params.no_perf = True
-    if s.eval_callback is not None:
-        params.cb_eval = s.eval_callback
     ctx = L.llama_init_from_model(model, params)
     if not ctx:
         raise BackendError(f"llama.cpp could not create a context of {n_ctx} cells (out of memory?)")

@@ -1,18 +1,16 @@
 """The command group and what its commands share: option help texts, option parsers, the command line as typed, and
-the one place where typed errors become messages and exit codes."""
+`friendly`, where typed errors become messages and exit codes (defined in fastscore.exits, which the bench lab's
+scripts share)."""
 
 from __future__ import annotations
 
-import functools
 import logging
-import sys
 
 import click
 
 from fastscore import __version__, variants
-from fastscore.errors import FastscoreError
+from fastscore.exits import friendly  # noqa: F401  (the commands import it from here)
 
-INTERRUPTED_EXIT_CODE = 130  # the shell's convention for a SIGINT
 DATA_HELP = "Study data folder (mbpp.jsonl, bfcl/); default: $FASTSCORE_DATA, else ../shared/data beside the checkout."
 # Help texts read the variant table, so they list exactly what the code accepts.
 BACKEND_HELP = ", ".join(variants.backends()) + "."
@@ -21,12 +19,6 @@ QUANT_HELP = ("Weights variant: " + "; ".join(f"{b} {variants.help_list(b)}" for
                 "shipped q4_1 file, which stays available).")
 MODEL_HELP = ("A registry name, a local GGUF file (llamacpp, as it is), a local HF checkpoint folder, or a hub id "
               "org/name (default: the registry's default model).")
-
-
-def one_line(exc: BaseException) -> str:
-    """The error's message and its notes (e.g. where the finished work was kept) on one line."""
-    parts = [str(exc)] if str(exc) else []
-    return "; ".join(parts + list(getattr(exc, "__notes__", ())))
 
 
 def command_line() -> str:
@@ -46,23 +38,6 @@ def command_line() -> str:
             else:
                 words += [param.opts[-1], str(one)]
     return " ".join(words)
-
-
-def friendly(func):
-    """Turn library errors into a one-line message and the error's exit code: no traceback for user error."""
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except FastscoreError as exc:
-            click.echo(f"Error: {one_line(exc)}", err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt as exc:
-            click.echo(f"Interrupted{'; ' + one_line(exc) if getattr(exc, '__notes__', None) else ''}", err=True)
-            sys.exit(INTERRUPTED_EXIT_CODE)
-
-    return wrapper
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,111 +1,81 @@
-"""`bench`, `bench-scale` and `quant-check`: throughput, scaling, and what quantisation does to the scores."""
+"""`fastscore bench`: the command group of the measurements users run: `throughput` (every backend and type side by
+side), `scale` (conversion and throughput at real sizes, and what the full grid would cost) and `quant` (what
+quantisation does to the scores). The investigations of what bounds the speed are scripts of fastscore.bench.lab."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import sys
 from pathlib import Path
 
 import click
 
 from fastscore import variants
+from fastscore.bench.settings import parse_settings, settings_help
 from fastscore.cli.app import DATA_HELP, bench_list, command_line, friendly, main
 from fastscore.study.datafile import default_data_dir
 from fastscore.study.envs import ENVS
 
+# `fastscore bench --FLAG` of the investigations that left the command, and the script that runs each now.
+MOVED_FLAGS = {"--decode-bound": "python -m fastscore.bench.lab.decode_bound",
+               "--op-profile": "python -m fastscore.bench.lab.op_profile",
+               "--study-bound": "python -m fastscore.bench.lab.study_bound STUDY_FOLDER..."}
 
-@main.command()
+
+class BenchGroup(click.Group):
+    """`fastscore bench` alone or followed by options runs `throughput`, as the command did before it became a group;
+    a flag of an investigation that moved out names its script."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for flag, script in MOVED_FLAGS.items():
+            if any(a == flag or a.startswith(flag + "=") for a in args):
+                raise click.UsageError(f"{flag} left fastscore bench: run `{script}` (--help lists its options)", ctx)
+        if not args or (args[0].startswith("-") and args[0] not in ctx.help_option_names):
+            args = ["throughput", *args]
+        return super().parse_args(ctx, args)
+
+
+@main.group(cls=BenchGroup)
+def bench() -> None:
+    """Measure fastscore on this machine: throughput, scale, quant (`fastscore bench` alone: throughput)."""
+
+
+@bench.command()
 @click.option("--model", default=None, help="Registry name (default: the registry's default model).")
 @click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
               callback=lambda ctx, param, value: value or default_data_dir())
+@click.option("--requests", "requests", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Benchmark on this scoring file (fastscore score's input) instead of the study's items.")
 @click.option("--limit", default=3, show_default=True, type=click.IntRange(min=1), help="Items per environment.")
 @click.option("--env", "envs", default=",".join(ENVS), show_default=True, help="Comma-separated environments.")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
-@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1), help="Timed runs (median).")
 @click.option("--backends", default="llamacpp,onnx", show_default=True, help="Backends to measure.")
 @click.option("--quants", default=None, help="Subset of types (default: " + ",".join(v.quant for v in variants.VARIANTS if v.in_bench) + ").")
 @click.option("--skip-reference", is_flag=True, help="Skip the transformers reference (no end-to-end speedup).")
 @click.option("--best", default=None, help="llama.cpp type for end to end and greedy (default: the fastest).")
-@click.option("--pp-tokens", default=512, show_default=True, type=click.IntRange(min=2))
-@click.option("--per-request-repeats", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--reference-repeats", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--per-request-limit", default=None, type=click.IntRange(min=1),
-              help="Time only the first N requests one per call (default: all).")
-@click.option("--greedy-batches", default="1,8,32", show_default=True)
-@click.option("--new-tokens", default=32, show_default=True, type=click.IntRange(min=1))
-@click.option("--greedy-repeats", default=1, show_default=True, type=click.IntRange(min=1))
-@click.option("--sgemm-n", default=2048, show_default=True, type=click.IntRange(min=16))
-@click.option("--conditions", default=None, help="Subset of study conditions in the workload (default: all).")
+@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1), help="Timed runs (median).")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="A measurement size (repeatable); KEY (default): " + settings_help() + ".")
 @click.option("--json", "as_json", is_flag=True,
               help="Print every figure as one JSON line instead of the short table.")
 @click.option("--details", is_flag=True, help="Print the detailed tables (roofline, GFLOP/s, every ratio) instead.")
 @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the JSON figures to this file.")
-@click.option("--requests", "requests", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Benchmark on this scoring file (fastscore score's input) instead of the study's items.")
-@click.option("--decode-bound", is_flag=True,
-              help="Instead, measure what bounds batched greedy decoding (fastscore.bench.decode_bound's default grid; "
-                   "uses --model, --best as the type (default f32), --threads, --repeats, --pp-tokens, --json-out; "
-                   "more options: python -m fastscore.bench.decode_bound --help).")
-@click.option("--op-profile", is_flag=True,
-              help="Instead, profile llama.cpp op by op on the workload's shared scoring and on greedy decoding steps, "
-                   "against the FLOP roofline (fastscore.bench.op_profile; uses --model, --best as the type (default "
-                   "f32), --data, --limit, --env, --conditions, --threads, --repeats, the largest --greedy-batches as "
-                   "the contexts decoded, --new-tokens, --sgemm-n, --json-out; more options: python -m "
-                   "fastscore.bench.op_profile --help).")
-@click.option("--study-bound", "study_runs", multiple=True,
-              type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Instead, the item-runs per hour this machine's sgemm rate allows for the tokens these study runs "
-                   "computed (a failure source's folder, e.g. study-out/seeded; repeat for each; uses --threads, "
-                   "--sgemm-n, --json-out).")
 @friendly
-def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_reference, best, pp_tokens,
-          per_request_repeats, reference_repeats, per_request_limit, greedy_batches, new_tokens, greedy_repeats, sgemm_n,
-          conditions, as_json, details, json_out, requests, decode_bound, op_profile, study_runs) -> None:
+def throughput(model, data, requests, limit, envs, backends, quants, skip_reference, best, threads, repeats, settings,
+               as_json, details, json_out) -> None:
     """Benchmark every backend side by side on the same study requests: a short table (--details: every figure in
     tables; --json: one JSON line)."""
     import os
 
     from fastscore.deps import check_extras, extras_for_backend
 
-    if decode_bound or op_profile:
-        check_extras("llamacpp", purpose="fastscore bench --decode-bound / --op-profile")
-    elif not study_runs:
-        chosen = [*bench_list(backends), *([] if skip_reference else ["reference"])]
-        check_extras(*(e for b in chosen for e in extras_for_backend(b)),
-                     purpose="fastscore bench on " + ", ".join(chosen) + " (--skip-reference and --backends "
-                                                                        "choose fewer)")
-
-    if study_runs:
-        from fastscore.bench import study_bound
-        from fastscore.bench.table import print_and_save
-
-        print_and_save(study_bound.measure(study_runs, threads or os.cpu_count() or 1, sgemm_n), json_out,
-                       study_bound.render, as_json)
-        return
-
-    if decode_bound:
-        from fastscore.bench.decode_bound import DecodeBoundOptions, run_decode_bound
-        from fastscore.bench.decode_bound_table import render
-        from fastscore.bench.table import print_and_save
-        from fastscore.registry import default_model
-
-        opts = DecodeBoundOptions(model=model or default_model(), quant=best or "f32",
-                                  threads=threads or os.cpu_count() or 1, repeats=repeats, pp_tokens=pp_tokens)
-        print_and_save(run_decode_bound(opts), json_out, render, as_json)
-        return
-
-    if op_profile:
-        from fastscore.bench.op_profile import OpProfileOptions, run_op_profile
-        from fastscore.bench.op_profile_table import render
-        from fastscore.bench.table import print_and_save
-        from fastscore.registry import default_model
-
-        opts = OpProfileOptions(model=model or default_model(), data_dir=data, quant=best or "f32", items_per_env=limit,
-                                envs=bench_list(envs), threads=threads or os.cpu_count() or 1, repeats=repeats,
-                                decode_contexts=max(int(b) for b in bench_list(greedy_batches)), new_tokens=new_tokens,
-                                sgemm_n=sgemm_n, conditions=bench_list(conditions))
-        print_and_save(run_op_profile(opts), json_out, render, as_json)
-        return
+    sizes = parse_settings(settings)  # a bad --set stops here, before the extras check and the minutes of measuring
+    chosen = [*bench_list(backends), *([] if skip_reference else ["reference"])]
+    check_extras(*(e for b in chosen for e in extras_for_backend(b)),
+                 purpose="fastscore bench throughput on " + ", ".join(chosen) + " (--skip-reference and --backends "
+                                                                               "choose fewer)")
 
     from fastscore.bench.run import BenchOptions, run_bench
     from fastscore.bench.table import print_and_save, render_details, render_short
@@ -121,15 +91,12 @@ def bench(model, data, limit, envs, threads, repeats, backends, quants, skip_ref
     opts = BenchOptions(
         model=model or default_model(), data_dir=data, items_per_env=limit, envs=bench_list(envs),
         threads=threads or os.cpu_count() or 1, repeats=repeats, backends=bench_list(backends), quants=bench_list(quants),
-        skip_reference=skip_reference, best=best, pp_tokens=pp_tokens, per_request_repeats=per_request_repeats,
-        per_request_limit=per_request_limit, reference_repeats=reference_repeats, greedy_batches=tuple(int(b) for b in bench_list(greedy_batches)),
-        new_tokens=new_tokens, greedy_repeats=greedy_repeats, sgemm_n=sgemm_n, conditions=bench_list(conditions),
-        requests=requests,
+        skip_reference=skip_reference, best=best, requests=requests, **sizes,
     )  # fmt: skip
     print_and_save(run_bench(opts), json_out, render_details if details else render_short, as_json)
 
 
-@main.command("bench-scale")
+@bench.command("scale")
 @click.option("--models", default=None,
               help="Comma-separated models (default: the embedded 135M, then each registry model's stand-in, "
                    "NAME@standin: random weights with the real config).")
@@ -167,7 +134,7 @@ def bench_scale(models, data, out, limit, threads, repeats, greedy_batch, new_to
     from fastscore.deps import check_extras
 
     # Stand-ins are built with transformers and exported to ONNX; every model is measured on both backends.
-    check_extras("llamacpp", "onnx", "reference", purpose="fastscore bench-scale")
+    check_extras("llamacpp", "onnx", "reference", purpose="fastscore bench scale")
 
     from fastscore import outputs
     from fastscore.bench import projection
@@ -190,7 +157,7 @@ def bench_scale(models, data, out, limit, threads, repeats, greedy_batch, new_to
         outputs.write_text_atomic(table_out, text + "\n")
 
 
-@main.command("quant-check")
+@bench.command("quant")
 @click.option("--model", default=None, help="Registry name (default: the registry's default model).")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(min=1), help="Items per environment.")
 @click.option("--env", "envs", default=",".join(ENVS), show_default=True, help="Comma-separated environments.")
@@ -216,7 +183,7 @@ def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot, 
 
     chosen = parse_variants(variants) if variants else DEFAULT_VARIANTS
     check_extras("reference", *(e for v in chosen for e in extras_for_backend(v.backend)),
-                 *([] if requests is not None else ["study"]), purpose="fastscore quant-check")
+                 *([] if requests is not None else ["study"]), purpose="fastscore bench quant")
 
     if requests is not None:
         from fastscore.quant_requests import quant_check_requests
@@ -238,3 +205,22 @@ def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot, 
     for label, groups in summary["variants"].items():
         click.echo(f"{label}: " + "; ".join(f"{g}: {c['sign_of_mean']}" for g, c in groups.items()))
     click.echo(f"results in {out}/ (quant.md, quant.json, plots)")
+
+
+def _renamed(command: click.Command, old_name: str) -> None:
+    """Keep a command's name from before the `bench` group working (hidden), with a note naming the new one."""
+    alias = copy.copy(command)
+    alias.hidden = True
+    new_name = f"fastscore bench {command.name}"
+
+    @functools.wraps(command.callback)
+    def callback(*args, **kwargs):
+        click.echo(f"note: `fastscore {old_name}` is now `{new_name}`", err=True)
+        return command.callback(*args, **kwargs)
+
+    alias.callback = callback
+    main.add_command(alias, old_name)
+
+
+_renamed(bench_scale, "bench-scale")
+_renamed(quant_check, "quant-check")

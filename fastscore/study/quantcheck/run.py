@@ -1,4 +1,4 @@
-"""`fastscore quant-check`: does quantisation change the study's result? Every variant against the fp32 reference.
+"""`fastscore bench quant`: does quantisation change the study's result? Every variant against the fp32 reference.
 
 The same study items are scored under every variant: the failed action under `before`, the candidate set (failed
 action first) under `after`. Against the reference (fp32 HF weights through the transformers backend) each variant

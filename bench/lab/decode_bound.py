@@ -18,8 +18,7 @@ more than one process with T threads. The same cell is decoded by one process x 
 processes x 1 thread, each decoding the whole cell, started together after their prefill (aggregate tok/s = all
 processes' decode tokens over the span from the first decode start to the last decode end).
 
-    python -m fastscore.bench.decode_bound [--lengths 16,256] [--streams 32,64,128] [--steps 16] [--threads 2]
-    fastscore bench --decode-bound [--model M] [--threads T] [--repeats R] [--json-out FILE]
+    python -m fastscore.bench.lab.decode_bound [--lengths 16,256] [--streams 32,64,128] [--steps 16] [--threads 2]
 """
 
 from __future__ import annotations
@@ -190,6 +189,10 @@ def measure_cells(scorer, cells: Sequence[Sequence[int]], steps: int, repeats: i
     return out
 
 
+# The worker's task: this function by its module's name (not __name__, which is __main__ under `python -m`).
+WORKER_TASK = "fastscore.bench.lab.decode_bound:run_worker_spec"
+
+
 def run_worker_spec(spec: dict) -> dict:
     """The `decode_bound` task of fastscore.bench.worker."""
     from fastscore.backends.options import options_for
@@ -278,7 +281,7 @@ def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) 
     shape = shape_from_gguf(artefact.path)
     traffic = weight_traffic(artefact.path)
     cell_bytes = kv_cell_bytes(shape.n_layer, shape.n_kv_head, shape.head_dim, shape.head_dim, opts.kv_type)
-    common = {"task": "decode_bound", "model": opts.model, "quant": opts.quant, "steps": opts.steps,
+    common = {"task": WORKER_TASK, "backend": "llamacpp", "model": opts.model, "quant": opts.quant, "steps": opts.steps,
               "repeats": opts.repeats, "seed": opts.seed, "backend_options": {"kv_type": opts.kv_type}}
     cells = [[length, streams] for length in opts.lengths for streams in opts.streams]
     cores = None
@@ -309,13 +312,15 @@ def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) 
     }
 
 
-def _main() -> None:
+def cli():
+    """The script's command line (a click command; tests invoke it with CliRunner)."""
     import click
 
-    from fastscore.cli.app import bench_list, friendly
+    from fastscore.bench.lab.script import comma_list
+    from fastscore.exits import friendly
     from fastscore.registry import default_model
 
-    ints = lambda v: tuple(int(x) for x in bench_list(v))  # noqa: E731
+    ints = lambda v: tuple(int(x) for x in comma_list(v))  # noqa: E731
 
     @click.command()
     @click.option("--model", default=None, help="Registry name or folder (default: the embedded model).")
@@ -329,20 +334,22 @@ def _main() -> None:
     @click.option("--kv-type", default="f32", show_default=True, type=click.Choice(list(KV_CACHE_TYPES)))
     @click.option("--cores-cell", default="256x32", show_default=True,
                   help="LENGTHxSTREAMS decoded by 1 process x T threads and T processes x 1 thread; 'none' skips it.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON line instead of the table.")
     @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path))
     @friendly
-    def command(model, quant, lengths, streams, steps, threads, repeats, pp_tokens, kv_type, cores_cell, json_out):
+    def command(model, quant, lengths, streams, steps, threads, repeats, pp_tokens, kv_type, cores_cell, as_json,
+                json_out):
         """Decode tok/s vs prefill on fixed-length random contexts, with the bytes each step reads."""
         cell = None if cores_cell.lower() == "none" else parse_cell(cores_cell)
         opts = DecodeBoundOptions(model=model or default_model(), quant=quant, lengths=ints(lengths),
                                   streams=ints(streams), steps=steps, threads=threads or os.cpu_count() or 1,
                                   repeats=repeats, pp_tokens=pp_tokens, kv_type=kv_type, cores_cell=cell)
-        from fastscore.bench.decode_bound_table import render
+        from fastscore.bench.lab.decode_bound_table import render
         from fastscore.bench.table import print_and_save
 
-        print_and_save(run_decode_bound(opts), json_out, render)
+        print_and_save(run_decode_bound(opts), json_out, render, as_json)
 
-    command()
+    return command
 
 
 def parse_cell(text: str) -> tuple[int, int]:
@@ -354,4 +361,4 @@ def parse_cell(text: str) -> tuple[int, int]:
 
 
 if __name__ == "__main__":
-    _main()
+    cli()()

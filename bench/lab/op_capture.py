@@ -6,7 +6,7 @@ again (ask=False) once that is done. Wanting every node that does work (views, r
 ride along with the next node) therefore times each node on its own: the time from the ask=True answer to the
 ask=False call is that node's compute, threads included. What this changes against an unprofiled run (each node a
 graph of its own: one thread-pool start and barrier per node, no op fusion) is measured by the caller, who runs the
-same work without the callback and compares (fastscore.bench.op_profile).
+same work without the callback and compares (fastscore.bench.lab.op_profile).
 
 llama-cpp-python binds neither ggml_tensor nor ggml_op_desc; the tensor's fields are read through a ctypes mirror of
 `struct ggml_tensor` (ggml.h), checked against libggml's own size (ggml_tensor_overhead) before use, and the op name
@@ -19,7 +19,7 @@ import ctypes
 import time
 from collections import defaultdict
 
-from fastscore.bench.op_kinds import VIEW_OPS, classify, matmul_flops
+from fastscore.bench.lab.op_kinds import VIEW_OPS, classify, matmul_flops
 from fastscore.errors import BenchmarkError
 
 GGML_MAX_DIMS, GGML_MAX_SRC, GGML_MAX_OP_PARAMS, GGML_MAX_NAME = 4, 10, 64, 64
@@ -49,7 +49,7 @@ def ggml_library() -> ctypes.CDLL:
     expected = lib.ggml_tensor_overhead() - GGML_OBJECT_SIZE
     if expected != ctypes.sizeof(GgmlTensor):
         raise BenchmarkError(f"this libggml's struct ggml_tensor is {expected} bytes, the profiler's mirror "
-                             f"{ctypes.sizeof(GgmlTensor)}: ggml.h changed, update fastscore.bench.op_capture")
+                             f"{ctypes.sizeof(GgmlTensor)}: ggml.h changed, update fastscore.bench.lab.op_capture")
     return lib
 
 
@@ -120,10 +120,12 @@ class NodeTimer:
 
 class TimedLlama:
     """The llama_cpp module with llama_decode timed (every other name passes through): the time inside llama.cpp,
-    against which the node times are set."""
+    against which the node times are set. With an `eval_callback` (NodeTimer.callback), every context created
+    through it carries that callback, so the backend's own code path is profiled without knowing it."""
 
-    def __init__(self, module) -> None:
+    def __init__(self, module, eval_callback=None) -> None:
         self._module = module
+        self.eval_callback = eval_callback
         self.decode_seconds = 0.0
         self.decode_calls = 0
 
@@ -138,5 +140,22 @@ class TimedLlama:
             self.decode_seconds += time.perf_counter() - started
             self.decode_calls += 1
 
+    def llama_init_from_model(self, model, params):
+        if self.eval_callback is not None:
+            params.cb_eval = self.eval_callback
+        return self._module.llama_init_from_model(model, params)
+
     def reset(self) -> None:
         self.decode_seconds, self.decode_calls = 0.0, 0
+
+
+def observed_backend(path, n_threads: int | None, options, library: TimedLlama):
+    """The product's llama.cpp backend with every llama.cpp call going through `library`: a subclass made here, so
+    the backend itself carries no profiling code."""
+    from fastscore.backends.llamacpp import LlamaCppBackend
+
+    class ObservedLlamaCppBackend(LlamaCppBackend):
+        def llama_library(self, module):
+            return library
+
+    return ObservedLlamaCppBackend(path, n_threads, options)

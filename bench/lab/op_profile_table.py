@@ -1,4 +1,4 @@
-"""The op profile's printed tables and JSON line (fastscore.bench.op_profile measures)."""
+"""The op profile's printed tables and JSON line (fastscore.bench.lab.op_profile measures)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Load test of `fastscore serve`: requests/s and p50/p99 latency of /v1/completions prompt log-probs at several
 numbers of concurrent clients, all on this machine.
 
-    python -m fastscore.bench.serve_load --clients 1,8,32 --requests 96 [--model M --backend B --quant Q]
+    python -m fastscore.bench.lab.serve_load --clients 1,8,32 --requests 96 [--model M --backend B --quant Q]
 
 It starts `fastscore serve` on 127.0.0.1 (a free port) in a subprocess, or uses --url, which must be a loopback
 address: no traffic leaves the machine. Every level sends at most --requests requests and stops after

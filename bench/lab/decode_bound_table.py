@@ -1,4 +1,4 @@
-"""The decode-bound benchmark's printed table and JSON line (fastscore.bench.decode_bound measures)."""
+"""The decode-bound benchmark's printed table and JSON line (fastscore.bench.lab.decode_bound measures)."""
 
 from __future__ import annotations
 

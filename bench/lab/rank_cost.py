@@ -3,7 +3,7 @@ scored by `fastscore score`'s own path (`score_file`) four ways side by side in 
 without ranks (the rank step replaced by a constant), with ranks (the default output), with ranks counted for every
 token (without the shortcut that gives an argmax token rank 1 unread), and with ranks and `--top-k K`.
 
-    python -m fastscore.bench.rank_cost --limit 3 --repeats 3 --threads 2
+    python -m fastscore.bench.lab.rank_cost --limit 3 --repeats 3 --threads 2
 
 Rounds alternate the ways (ABCD ABCD ...), so a drift in machine load falls on each alike; medians are reported
 with every round's time. Under `nice` or a loaded machine the seconds are only relative to each other.

@@ -1,20 +1,20 @@
-"""Where llama.cpp's time goes, op by op (issue #12): a per-node profile of shared scoring of `fastscore bench`'s
-workload and of batched greedy decoding steps, set against the FLOP roofline.
+"""Where llama.cpp's time goes, op by op (issue #12): a per-node profile of shared scoring of the workload of
+`fastscore bench throughput` and of batched greedy decoding steps, set against the FLOP roofline.
 
-One worker process (BLAS/OpenMP threads set as in `fastscore bench`) measures the sgemm limit, then runs the same
-work twice on the same GGUF and options: on a plain backend, timed only around llama_decode (the unprofiled figures),
-and on a backend whose contexts carry ggml's scheduler eval callback, which times every graph node
-(fastscore.bench.op_capture). The work is the product's paths: `score_tokens` on every request of the workload in
+One worker process (BLAS/OpenMP threads set as in `fastscore bench throughput`) measures the sgemm limit, then runs
+the same work twice on the same GGUF and options: on a plain backend, timed only around llama_decode (the
+unprofiled figures), and on a backend whose contexts carry ggml's scheduler eval callback, which times every graph
+node (fastscore.bench.lab.op_capture: a subclass of the product's backend whose llama.cpp calls go through a wrapper
+that sets the callback; the backend itself has no profiling code). The work is the product's paths: `score_tokens` on every request of the workload in
 one call (trie groups, `max_group_tokens`, the default layout), and greedy decoding of `decode_contexts` workload
 contexts through the backend's decoder (one KV stream per context by default), `new_tokens` argmax steps.
 
-Nodes are classified and summed per kind (fastscore.bench.op_kinds); the gap between the measured time and the
+Nodes are classified and summed per kind (fastscore.bench.lab.op_kinds); the gap between the measured time and the
 roofline (the FLOPs the work needs at the sgemm rate: each distinct prefix once, attention over each token's own
 context, one lm_head row per scored token) is split into each kind's excess, plus llama.cpp's host time inside
 llama_decode and fastscore's Python outside it.
 
-    python -m fastscore.bench.op_profile [--limit 1] [--env tools] [--threads 2] [--repeats 3] [--json-out F]
-    fastscore bench --op-profile [--limit N] [--env E] [--threads T] [--repeats R] [--new-tokens K] [--json-out F]
+    python -m fastscore.bench.lab.op_profile [--limit 1] [--env tools] [--threads 2] [--repeats 3] [--json-out F]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastscore.bench.op_kinds import (
+from fastscore.bench.lab.op_kinds import (
     GAP_GROUPS,
     KINDS,
     aggregate,
@@ -56,7 +56,7 @@ class OpProfileOptions:
     new_tokens: int = 8
     sgemm_n: int = 2048
     seed: int = 0
-    conditions: tuple[str, ...] | None = None  # None: every study condition (as fastscore bench)
+    conditions: tuple[str, ...] | None = None  # None: every study condition (as fastscore bench throughput)
     backend_options: tuple[tuple[str, object], ...] = ()  # llama.cpp option fields, e.g. (("n_ubatch", 256),)
     # Other layouts timed unprofiled against backend_options, alternating run by run in the same worker: each a tuple
     # of option fields set on top of backend_options.
@@ -119,19 +119,22 @@ def _decode_once(backend, lib, timer, contexts, new_tokens: int) -> dict:
 def measure_layout(path: Path, threads: int, options, requests, contexts, new_tokens: int, repeats: int,
                    profiled: bool) -> dict:
     """Scoring and decoding `repeats` times each (after a warm-up) on a fresh backend, profiled or not."""
-    from fastscore.backends.llamacpp import LlamaCppBackend, llama_module
-    from fastscore.bench.op_capture import NodeTimer, TimedLlama
+    from fastscore.backends.llamacpp import llama_module
+    from fastscore.bench.lab.op_capture import NodeTimer, TimedLlama, observed_backend
 
     timer = NodeTimer() if profiled else None
-    lib = TimedLlama(llama_module())
-    with LlamaCppBackend(path, threads, options, eval_callback=timer.callback if timer else None,
-                         library=lib) as backend:
+    lib = TimedLlama(llama_module(), eval_callback=timer.callback if timer else None)
+    with observed_backend(path, threads, options, lib) as backend:
         _phase(timer, "warm-up")
         backend.score_tokens(requests[:4])
         _decode_once(backend, lib, timer, contexts[:2], 2)
         scoring = [_score_once(backend, lib, timer, requests) for _ in range(repeats)]
         decoding = [_decode_once(backend, lib, timer, contexts, new_tokens) for _ in range(repeats)]
     return {"scoring": scoring, "decoding": decoding}
+
+
+# The worker's task: this function by its module's name (not __name__, which is __main__ under `python -m`).
+WORKER_TASK = "fastscore.bench.lab.op_profile:run_worker_spec"
 
 
 def run_worker_spec(spec: dict) -> dict:
@@ -178,12 +181,12 @@ def compare_layouts(path: Path, threads: int, layouts: Sequence, requests, conte
                     repeats: int) -> list[dict]:
     """Unprofiled scoring and decoding on one backend per layout (options record), the layouts alternating within
     each repeat so drift of the machine's speed hits them alike; each layout's log-probs against the first's."""
-    from fastscore.backends.llamacpp import LlamaCppBackend, llama_module
-    from fastscore.bench.op_capture import TimedLlama
+    from fastscore.backends.llamacpp import llama_module
+    from fastscore.bench.lab.op_capture import TimedLlama, observed_backend
 
     libs = [TimedLlama(llama_module()) for _ in layouts]
     with contextlib.ExitStack() as opened:  # a backend that fails to open still closes those opened before it
-        backends = [opened.enter_context(LlamaCppBackend(path, threads, o, library=lib))
+        backends = [opened.enter_context(observed_backend(path, threads, o, lib))
                     for o, lib in zip(layouts, libs)]
         logprobs = []
         for backend, lib in zip(backends, libs):  # warm-up, and the log-probs compared
@@ -301,7 +304,7 @@ def layout_figures(layouts: Sequence[dict], base: dict, step_tokens: int, unique
 
 
 def run_op_profile(opts: OpProfileOptions, scratch_dir: Path | None = None) -> dict:
-    """Every measurement and figure as one JSON-safe dict (fastscore.bench.op_profile_table.render prints it)."""
+    """Every measurement and figure as one JSON-safe dict (fastscore.bench.lab.op_profile_table.render prints it)."""
     from fastscore.bench.roofline import shape_from_gguf
     from fastscore.bench.run import _resolve_all, spawn
     from fastscore.bench.workload import build_workload
@@ -313,7 +316,8 @@ def run_op_profile(opts: OpProfileOptions, scratch_dir: Path | None = None) -> d
     with tempfile.TemporaryDirectory(prefix="fastscore-op-profile-", dir=scratch_dir) as tmp:
         scratch = Path(tmp)
         (scratch / "workload.json").write_text(workload.to_json(), encoding="utf-8")
-        raw = spawn({"task": "op_profile", "model": opts.model, "quant": opts.quant, "threads": opts.threads,
+        raw = spawn({"task": WORKER_TASK, "backend": "llamacpp", "model": opts.model, "quant": opts.quant,
+                     "threads": opts.threads,
                      "repeats": opts.repeats, "workload": str(scratch / "workload.json"),
                      "decode_contexts": opts.decode_contexts, "new_tokens": opts.new_tokens, "sgemm_n": opts.sgemm_n,
                      "backend_options": dict(opts.backend_options),
@@ -348,10 +352,12 @@ def parse_backend_options(pairs: Sequence[str]) -> tuple[tuple[str, object], ...
     return tuple((k, getattr(record, k)) for k in keys)
 
 
-def _main() -> None:
+def cli():
+    """The script's command line (a click command; tests invoke it with CliRunner)."""
     import click
 
-    from fastscore.cli.app import bench_list, friendly
+    from fastscore.bench.lab.script import comma_list
+    from fastscore.exits import friendly
     from fastscore.registry import default_model
     from fastscore.study.datafile import default_data_dir
 
@@ -363,6 +369,7 @@ def _main() -> None:
     @click.option("--env", "envs", default="tools", show_default=True, help="Comma-separated environments.")
     @click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: all cores).")
     @click.option("--repeats", default=3, show_default=True, type=click.IntRange(min=1))
+    @click.option("--conditions", default=None, help="Comma-separated study conditions (default: all).")
     @click.option("--decode-contexts", default=32, show_default=True, type=click.IntRange(min=1))
     @click.option("--new-tokens", default=8, show_default=True, type=click.IntRange(min=1))
     @click.option("--sgemm-n", default=2048, show_default=True, type=click.IntRange(min=16))
@@ -371,23 +378,25 @@ def _main() -> None:
     @click.option("--compare", "compare", multiple=True,
                   help="Another layout timed unprofiled against the first, alternating: comma-separated llama.cpp "
                        "options key=value (e.g. n_ubatch=256); repeatable.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON line instead of the table.")
     @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path))
     @friendly
-    def command(model, quant, data, limit, envs, threads, repeats, decode_contexts, new_tokens, sgemm_n,
-                backend_options, compare, json_out):
+    def command(model, quant, data, limit, envs, threads, repeats, conditions, decode_contexts, new_tokens, sgemm_n,
+                backend_options, compare, as_json, json_out):
         """Per-op time of llama.cpp shared scoring and batched decoding steps, against the FLOP roofline."""
-        from fastscore.bench.op_profile_table import render
+        from fastscore.bench.lab.op_profile_table import render
         from fastscore.bench.table import print_and_save
 
         opts = OpProfileOptions(model=model or default_model(), data_dir=data or default_data_dir(), quant=quant,
-                                items_per_env=limit, envs=bench_list(envs), threads=threads or os.cpu_count() or 1,
+                                items_per_env=limit, envs=comma_list(envs), threads=threads or os.cpu_count() or 1,
                                 repeats=repeats, decode_contexts=decode_contexts, new_tokens=new_tokens,
-                                sgemm_n=sgemm_n, backend_options=parse_backend_options(backend_options),
-                                compare=tuple(parse_backend_options(bench_list(c)) for c in compare))
-        print_and_save(run_op_profile(opts), json_out, render)
+                                sgemm_n=sgemm_n, conditions=comma_list(conditions) if conditions else None,
+                                backend_options=parse_backend_options(backend_options),
+                                compare=tuple(parse_backend_options(comma_list(c)) for c in compare))
+        print_and_save(run_op_profile(opts), json_out, render, as_json)
 
-    command()
+    return command
 
 
 if __name__ == "__main__":
-    _main()
+    cli()()

@@ -8,8 +8,7 @@ purpose: it leaves out attention, the lm_head rows (one per scored or generated 
 model (the MBPP sandbox, rendering), each of which only adds time. What it cannot bound is an algorithm that computes
 fewer tokens.
 
-    fastscore bench --study-bound RUN/seeded --study-bound RUN/model [--threads T]
-    python -m fastscore.bench.study_bound RUN/seeded RUN/model [--threads T] [--json-out FILE]
+    python -m fastscore.bench.lab.study_bound RUN/seeded RUN/model [--threads T] [--json-out FILE]
 """
 
 from __future__ import annotations
@@ -144,24 +143,26 @@ def render(result: dict) -> str:
     return "\n".join(parts)
 
 
-def _main() -> None:
+def cli():
+    """The script's command line (a click command; tests invoke it with CliRunner)."""
     import click
 
     from fastscore.bench.table import print_and_save
-    from fastscore.cli.app import friendly
+    from fastscore.exits import friendly
 
     @click.command()
     @click.argument("folders", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
     @click.option("--threads", default=None, type=click.IntRange(min=1), help="sgemm threads (default: all cores).")
     @click.option("--sgemm-n", default=2048, show_default=True, type=click.IntRange(min=16))
+    @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON line instead of the table.")
     @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path))
     @friendly
-    def command(folders, threads, sgemm_n, json_out):
+    def command(folders, threads, sgemm_n, as_json, json_out):
         """Item-runs per hour the machine's sgemm rate allows for study runs' computed tokens."""
-        print_and_save(measure(folders, threads or os.cpu_count() or 1, sgemm_n), json_out, render)
+        print_and_save(measure(folders, threads or os.cpu_count() or 1, sgemm_n), json_out, render, as_json)
 
-    command()
+    return command
 
 
 if __name__ == "__main__":
-    _main()
+    cli()()
