@@ -193,15 +193,20 @@ REQUIRED_KEYS = ("backends", "best_llamacpp_type", "end_to_end", "greedy", "memo
                  "threads", "workload")
 
 
-def _run_bench(tmp_path, data_dir, extra: list[str], as_json: bool = False) -> tuple[dict, str]:
-    """The bench run once with --json-out: its printed short table (with as_json: the JSON line, the same as the
-    file's), and the full figures from the JSON file."""
+def _study_items(data_dir) -> list[str]:
+    """bench's options for one item of the study's tools environment."""
+    return ["--limit", "1", "--env", "tools", "--data", str(data_dir)]
+
+
+def _run_bench(tmp_path, workload: list[str], extra: list[str], as_json: bool = False) -> tuple[dict, str]:
+    """The bench run once on `workload` (its options) with --json-out: its printed short table (with as_json: the JSON
+    line, the same as the file's), and the full figures from the JSON file."""
     from fastscore.cli import main
 
     json_out = tmp_path / "bench.json"
-    args = ["bench", "throughput", "--limit", "1", "--env", "tools", "--backends", "llamacpp", "--quants", "q4_1",
+    args = ["bench", "throughput", *workload, "--backends", "llamacpp", "--quants", "q4_1",
             "--repeats", "1", "--set", "sgemm_n=128", "--threads", "2", "--json-out", str(json_out),
-            "--data", str(data_dir), *extra, *(["--json"] if as_json else [])]
+            *extra, *(["--json"] if as_json else [])]
     result = CliRunner().invoke(main, args)
     print(result.output)
     assert result.exit_code == 0, result.output
@@ -232,12 +237,23 @@ def _check_short_table(output: str, summary: dict) -> None:
     assert row[3] == f"{b['sharing_speedup']:,.1f}x"
 
 
-def test_bench_smoke_tiny_sizes(tmp_path, study_data):
-    """The shipped q4_1 GGUF on one context of one tools item: a short table, and every figure in the JSON."""
-    summary, output = _run_bench(tmp_path, study_data, ["--set", "conditions=before", "--skip-reference", "--set", "pp_tokens=16",
-                                       "--set", "per_request_limit=1", "--set", "greedy_batches=1",
-                                       "--set", "new_tokens=1"])
-    assert summary["workload"]["requests"] == 4  # 1 item x 1 context x 4 candidates
+SMOKE_REQUEST = {"id": "one", "messages": [{"role": "system", "content": "You call tools."},
+                                          {"role": "user", "content": "What is the weather in Paris?"}],
+                 "candidates": ['{"name": "get_weather", "arguments": {"city": "Paris"}}',
+                                '{"name": "get_weather", "arguments": {"city": "paris"}}',
+                                '{"name": "get_time", "arguments": {"city": "Paris"}}', "I cannot tell."]}
+
+
+def test_bench_smoke_tiny_sizes(tmp_path):
+    """The shipped q4_1 GGUF on one context of 4 candidates: a short table, and every figure in the JSON. (A short
+    requests file rather than a study item, whose tool schemas made the run ~40 s on a loaded 2-core machine: bench on
+    the study's items runs in the slow test_bench_smoke_with_reference.)"""
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text(json.dumps(SMOKE_REQUEST) + "\n")
+    summary, output = _run_bench(tmp_path, ["--requests", str(requests)], [
+        "--skip-reference", "--set", "pp_tokens=16", "--set", "per_request_limit=1", "--set", "greedy_batches=1",
+        "--set", "new_tokens=1"])
+    assert summary["workload"]["requests"] == 4  # 1 context x 4 candidates
     assert summary["backends"]["llamacpp:q4_1"]["per_request_requests"] == 1
     build = summary["backends"]["llamacpp:q4_1"]["llamacpp_build"]  # the worker's own llama.cpp, not the parent's
     assert "CPU" in build["ggml_backends"] and f"ggml backends {', '.join(build['ggml_backends'])}" in output
@@ -252,8 +268,9 @@ def test_bench_smoke_tiny_sizes(tmp_path, study_data):
 @pytest.mark.slow
 def test_bench_smoke_with_reference(tmp_path, study_data):
     """Adds the transformers reference (end-to-end speedup, max difference) and batched greedy decoding; --json."""
-    summary, _ = _run_bench(tmp_path, study_data, ["--set", "conditions=before,after", "--set", "pp_tokens=64",
-                                       "--set", "greedy_batches=1,2", "--set", "new_tokens=2"], as_json=True)
+    summary, _ = _run_bench(tmp_path, _study_items(study_data), ["--set", "conditions=before,after",
+                                                                 "--set", "pp_tokens=64", "--set", "greedy_batches=1,2",
+                                                                 "--set", "new_tokens=2"], as_json=True)
     assert summary["workload"]["requests"] == 8  # 1 item x (before, after) x 4 candidates
     e2e = summary["end_to_end"]
     assert e2e["llamacpp:q4_1"]["requests"] == e2e["reference:fp32"]["requests"] == 8

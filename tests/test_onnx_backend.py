@@ -28,10 +28,32 @@ def tiny_hf(tiny_model) -> Path:
 
 
 @pytest.fixture(scope="module")
-def onnx_dirs(tiny_hf, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("onnx")
-    fp32 = export_onnx(tiny_hf, root / "fp32", "fp32")
-    int8 = export_onnx(tiny_hf, root / "int8", "int8", fp32_dir=fp32)
+def fp32_export(tiny_hf, tmp_path_factory):
+    """(folder, finished process): the tiny model's fp32 export, made by a fresh interpreter that then prints which
+    of optimum's exporter modules it holds. The module's tests use this export, and
+    test_fp32_export_runs_outside_the_calling_process reads the printed list: one export serves both."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path_factory.mktemp("onnx") / "fp32"
+    code = (
+        "import sys\n"
+        "from fastscore.conversion.hf_to_onnx import export_onnx\n"
+        f"export_onnx({str(tiny_hf)!r}, {str(folder)!r}, 'fp32')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('optimum.exporters.onnx.convert', "
+        "'optimum.exporters.onnx.__main__'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return folder, out
+
+
+@pytest.fixture(scope="module")
+def onnx_dirs(tiny_hf, fp32_export) -> dict[str, Path]:
+    fp32 = fp32_export[0]
+    int8 = export_onnx(tiny_hf, fp32.parent / "int8", "int8", fp32_dir=fp32)
     return {"fp32": fp32, "int8": int8}
 
 
@@ -277,27 +299,15 @@ def test_fp32_export_keeps_its_weights_outside_the_graph_file(onnx_dirs):
     assert starts and starts[0].data_location != onnx.TensorProto.EXTERNAL  # the overridable input stays in place
 
 
-def test_fp32_export_runs_outside_the_calling_process(tiny_hf, tmp_path):
+def test_fp32_export_runs_outside_the_calling_process(fp32_export):
     # In-process, the allocator kept what torch's exporter used (measured on the 360M stand-in: the read-back checks
-    # after it peaked at 4.8-5.5 GB); the export now runs in a child that returns it all. A fresh interpreter exports
-    # the tiny model; optimum's exporter (main_export and the torch export it drives) must never have been loaded
-    # there (torch's own exporter modules are not a sign: transformers' from_pretrained imports them).
-    import os
-    import subprocess
-    import sys
-
-    code = (
-        "import sys\n"
-        "from fastscore.conversion.hf_to_onnx import export_onnx\n"
-        f"export_onnx({str(tiny_hf)!r}, {str(tmp_path / 'fp32')!r}, 'fp32')\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('optimum.exporters.onnx.convert', "
-        "'optimum.exporters.onnx.__main__'))))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert out.returncode == 0, out.stderr[-2000:]
+    # after it peaked at 4.8-5.5 GB); the export now runs in a child that returns it all. A fresh interpreter exported
+    # the tiny model (the fp32_export fixture); optimum's exporter (main_export and the torch export it drives) must
+    # never have been loaded there (torch's own exporter modules are not a sign: transformers' from_pretrained
+    # imports them).
+    folder, out = fp32_export
     assert out.stdout.strip().splitlines()[-1] == "[]"
-    assert (tmp_path / "fp32" / "model.onnx_data").is_file()
+    assert (folder / "model.onnx_data").is_file()
 
 
 def test_plan_groups_crafted():
@@ -341,6 +351,10 @@ def _build_smollm_here(root: Path) -> tuple[Path, Path]:
     return root / "hf", export_onnx(root / "hf", root / "onnx", "fp32")
 
 
+# Slow (the 135M loaded in torch and ONNX Runtime once more, ~35 s on a loaded 2-core machine): the default suite
+# holds the 135M's ONNX fp32 parity in test_parity.py::test_smollm_exact_variants_match_reference[onnx-fp32] (24 real
+# study sequences, 550 tokens), and prefix sharing's exactness and counts in this module's tests on the tiny model.
+@pytest.mark.slow
 def test_smollm_fp32_parity(smollm_fp32, smollm_tokenizer_dir):
     from tokenizers import Tokenizer
 

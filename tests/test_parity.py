@@ -15,6 +15,8 @@ Tolerances (run with -s to see the measured differences):
 - `fastscore score` on examples/tool_calls.jsonl: the same per-token tolerances between the three backends. The
   CLI's llama.cpp defaults are the exact-arithmetic settings (f32 KV cache, flash attention off for scoring), so
   the f32 GGUF is held to the 2e-3 check there too.
+
+The ONNX int8 check and `fastscore score` on ONNX are marked slow (`make test-all`; docs/testing.md).
 """
 
 from __future__ import annotations
@@ -65,10 +67,11 @@ EXACT_TOL = {"llamacpp-f32": F32_GGUF_TOL, "onnx-fp32": ONNX_FP32_TOL}
 CONDITIONS = ("before", "after")
 
 
-def open_variant(backend: str, quant: str, options: dict) -> Scorer:
-    """The selection's Scorer with typed backend options (n_threads apart: it is the selection's own argument)."""
+def open_variant(backend: str, quant: str, options: dict, model: str | None = None) -> Scorer:
+    """The selection's Scorer of `model` (default: the embedded model) with typed backend options (n_threads apart: it
+    is the selection's own argument)."""
     fields = {k: v for k, v in options.items() if k != "n_threads"}
-    return ModelSelection.resolve(default_model(), backend, quant, threads=options.get("n_threads"),
+    return ModelSelection.resolve(model or default_model(), backend, quant, threads=options.get("n_threads"),
                                   backend_options=options_for(backend, fields)).open()
 
 
@@ -82,15 +85,15 @@ def tool_sets(study_data) -> list[CandidateSet]:
             for item in items for context in render_conditions(item, env, CONDITIONS)]
 
 
-def _scorer_cache(artefact_of):
-    """A getter opening each variant once for the module, and a closer."""
+def _scorer_cache(artefact_of, model: str | None = None):
+    """A getter opening each variant of `model` (default: the embedded model) once for the module, and a closer."""
     opened: dict[str, Scorer] = {}
 
     def get(label: str) -> Scorer:
         if label not in opened:
             backend, quant, options = VARIANTS[label]
             artefact_of(backend, quant)  # any conversion happens in the session fixture
-            opened[label] = open_variant(backend, quant, options)
+            opened[label] = open_variant(backend, quant, options, model)
         return opened[label]
 
     def close() -> None:
@@ -158,7 +161,13 @@ def test_smollm_exact_variants_match_reference(smollm_results, label):
     exact_parity(f"SmolLM2-135M {label}", smollm_results(label), smollm_results("reference"), EXACT_TOL[label])
 
 
-@pytest.mark.parametrize("label", ["llamacpp-q4_1", "onnx-int8"])
+@pytest.mark.parametrize("label", [
+    "llamacpp-q4_1",
+    # Slow (the 135M's int8 graph scoring all 24 sequences, ~25 s on a loaded 2-core machine): the default suite keeps
+    # this check on the shipped q4_1 just above, and int8 against the reference on the tiny model in
+    # test_onnx_backend.py::test_int8_tracks_reference.
+    pytest.param("onnx-int8", marks=pytest.mark.slow),
+])
 def test_smollm_quantised_variants_keep_signs_and_ranks(smollm_results, label):
     got, want = smollm_results(label), smollm_results("reference")
     g, g_ref = gains(got), gains(want)
@@ -184,13 +193,17 @@ def test_smollm_quantised_variants_keep_signs_and_ranks(smollm_results, label):
 
 
 @pytest.fixture(scope="module")
-def tiny_scorer(tiny_artefact):
+def tiny_scorer(tiny_model, tiny_artefact):
     cache: dict = {}
 
     def get(arch: str, label: str) -> Scorer:
         if arch not in cache:
-            cache[arch] = _scorer_cache(lambda backend, quant: tiny_artefact(arch, backend, quant))
-        return cache[arch][0](label)
+            # The tiny model's own folder: opening the default model here would test the 135M again under this name.
+            cache[arch] = _scorer_cache(lambda backend, quant: tiny_artefact(arch, backend, quant),
+                                        str(tiny_model(arch)))
+        scorer = cache[arch][0](label)
+        assert f"tiny-{arch}" in str(scorer.backend.path), scorer.backend.path
+        return scorer
 
     yield get
     for _, close in cache.values():
@@ -221,7 +234,8 @@ def _requests(sets):
 def test_llamacpp_f32_sharing_is_exact(smollm_scorer, smollm_artefact, sharing_sets):
     scorer = smollm_scorer("llamacpp-f32")
     together = scorer.score_candidates(sharing_sets)
-    singles = [CandidateSet(f"{s.id}/{k}", s.messages, (c,)) for s in sharing_sets for k, c in enumerate(s.candidates)]
+    singles = [CandidateSet(f"{s.id}/{k}", s.messages, (c,))
+               for s in sharing_sets for k, c in enumerate(s.candidates)]
     alone = np.concatenate([token_logprobs(scorer.score_candidates([single])) for single in singles])
     reversed_order = token_logprobs(scorer.score_candidates(singles[::-1])[::-1])
     # Batches of at most two requests: the scorer splits one call into several backend calls.
@@ -257,17 +271,23 @@ CLI_RUNS = {  # label -> (CLI arguments, per-token tolerance against the referen
 
 @pytest.fixture(scope="module")
 def cli_outputs(smollm_artefact, tmp_path_factory):
-    """label -> the output lines of `fastscore score examples/tool_calls.jsonl` on that backend."""
+    """cli_outputs(label) -> the output lines of `fastscore score examples/tool_calls.jsonl` on that backend, run once
+    on first request (a deselected backend is never run)."""
     out_dir = tmp_path_factory.mktemp("cli-parity")
     outputs = {}
-    for label, (args, _) in CLI_RUNS.items():
-        backend, quant, _ = VARIANTS[label]
-        smollm_artefact(backend, quant)  # any conversion happens in the session fixture, not under the CLI
-        out = out_dir / f"{label}.jsonl"
-        result = CliRunner().invoke(main, ["score", str(EXAMPLES), "--out", str(out), "--threads", "1", *args])
-        assert result.exit_code == 0, f"{label}: {result.output}"
-        outputs[label] = [json.loads(line) for line in out.read_text().splitlines()]
-    return outputs
+
+    def get(label: str) -> list[dict]:
+        if label not in outputs:
+            args, _ = CLI_RUNS[label]
+            backend, quant, _ = VARIANTS[label]
+            smollm_artefact(backend, quant)  # any conversion happens in the session fixture, not under the CLI
+            out = out_dir / f"{label}.jsonl"
+            result = CliRunner().invoke(main, ["score", str(EXAMPLES), "--out", str(out), "--threads", "1", *args])
+            assert result.exit_code == 0, f"{label}: {result.output}"
+            outputs[label] = [json.loads(line) for line in out.read_text().splitlines()]
+        return outputs[label]
+
+    return get
 
 
 def cli_diffs(got: list[dict], want: list[dict]) -> tuple[float, float]:
@@ -290,10 +310,16 @@ def test_example_file_is_valid_and_realistic():
     assert any(r.banned for r in records)
 
 
-@pytest.mark.parametrize("label", ["llamacpp-f32", "onnx-fp32"])
+@pytest.mark.parametrize("label", [
+    "llamacpp-f32",
+    # Slow (one more `fastscore score` run loading the 135M's ONNX graph): the default suite holds ONNX fp32's parity
+    # on the 135M in test_smollm_exact_variants_match_reference[onnx-fp32], and `score`'s path to the reference in
+    # the llamacpp-f32 case just above.
+    pytest.param("onnx-fp32", marks=pytest.mark.slow),
+])
 def test_cli_score_agrees_across_backends(cli_outputs, label):
     tol = CLI_RUNS[label][1]
-    token, total = cli_diffs(cli_outputs[label], cli_outputs["reference"])
+    token, total = cli_diffs(cli_outputs(label), cli_outputs("reference"))
     message = (f"fastscore score {EXAMPLES.name}: {label} vs reference: max |diff| {token:.2e} nats/token "
                f"(tolerance {tol:g}), {total:.2e} nats per candidate logprob")
     print(message)

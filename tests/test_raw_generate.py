@@ -30,7 +30,12 @@ def _score(tmp_path, model_args, requests, *extra):
     return {line["id"]: line for line in map(json.loads, out.read_text().splitlines())}
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "embedded"])
+@pytest.fixture(scope="module", params=[
+    "tiny-llama",
+    # Slow (the 135M's f32 GGUF opened by four CLI runs and a session, ~20 s on a loaded 2-core machine): the default
+    # suite runs every check of this module on the tiny Llama, through the same llama.cpp f32 path.
+    pytest.param("embedded", marks=pytest.mark.slow),
+])
 def model_args(request, tiny_model, smollm_artefact):
     if request.param == "embedded":
         return ["--quant", "f32"]

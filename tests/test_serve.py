@@ -219,6 +219,11 @@ def test_the_serve_command_is_registered():
     assert result.exit_code == 0 and "/v1/completions" in result.output
 
 
+# Slow (the 135M's f32 GGUF loaded for one more server, ~30 s on a loaded 2-core machine): the default suite checks
+# that the served log-probs equal the library's exactly on the instrumented fake backend
+# (test_completions_prompt_logprobs_equal_the_librarys_scores, through the same openai client), and the library's
+# numbers on the 135M against the reference in test_parity.py.
+@pytest.mark.slow
 def test_the_embedded_model_serves_the_librarys_scores(smollm_artefact):
     pytest.importorskip("llama_cpp")
     import fastscore
