@@ -181,7 +181,7 @@ def greedy_decode(
     stop_ids: Iterable[int],
     max_new_tokens: int | Sequence[int],
     banned: Sequence[Iterable[str]] | None = None,
-    ban_prefix: bool = False,
+    ban_prefix: bool | Sequence[bool] = False,
     temperature: float = 0.0,
     rngs: Sequence[np.random.Generator] | None = None,
     action_done: Sequence[ActionDone | None] | None = None,
@@ -189,8 +189,8 @@ def greedy_decode(
     """Greedy completions of all `contexts` at once, each until a stop token or its token budget.
 
     `max_new_tokens`: one budget for all, or one per context. `banned[i]` lists texts completion i may never
-    equal. `action_done[i]` (optional): completion i's action rule (see the module docstring). The decoder is
-    closed when done.
+    equal (with `ban_prefix`, one flag for all or one per context: never start with). `action_done[i]` (optional):
+    completion i's action rule (see the module docstring). The decoder is closed when done.
     With `temperature` > 0 each completion is sampled instead, from softmax(logits / temperature), drawing from its
     own generator `rngs[i]` (one uniform draw per generated token), so a completion does not depend on which other
     contexts share the batch.
@@ -218,8 +218,11 @@ def greedy_decode(
     stopped = [MAX_TOKENS] * n
     with decoder:
         logits = np.asarray(decoder.start([list(c) for c in contexts]))
-        make_ban = prefix_ban if ban_prefix else text_ban
-        ban = make_ban(tuple(token_bytes), frozenset(stop_set), logits.shape[1]) if any(banned_keys) else None
+        prefix = [bool(ban_prefix)] * n if isinstance(ban_prefix, bool) else [bool(p) for p in ban_prefix]
+        bans = {kind: make(tuple(token_bytes), frozenset(stop_set), logits.shape[1])
+                for kind, make in ((False, text_ban), (True, prefix_ban))
+                if any(keys and p == kind for keys, p in zip(banned_keys, prefix))}
+        ban = bans or None
         active = list(range(n))
         for step in range(1, max(budgets) + 1):
             if ban is not None:  # blocked entries are overwritten: never write into the decoder's buffer
@@ -227,7 +230,7 @@ def greedy_decode(
             for row, seq in enumerate(active):
                 if ban is None or not banned_keys[seq]:
                     continue
-                blocked = ban.blocked(texts[seq], banned_keys[seq], step == budgets[seq])
+                blocked = ban[prefix[seq]].blocked(texts[seq], banned_keys[seq], step == budgets[seq])
                 if blocked.size:
                     mass[seq] += _softmax_mass(logits[row], blocked)
                     steps_banned[seq] += 1

@@ -80,6 +80,10 @@ class ScoreRequest:
 
     With `prompt` set instead (raw text), no template is used: the scored text is `continuation` right after
     `prompt`, and no end-of-turn token is scored. `tools` (JSON schemas) go to templates that accept them.
+    With `continuation_ids`, the continuation is those token ids right after the context as greedy decoding renders
+    it (generation prompt included), not `continuation` re-tokenised: the tokens a model emitted, scored as emitted
+    (`continuation` is then their decoded text). `end_of_turn` overrides the scorer's include_end_of_turn for this
+    request (None: the scorer's).
     """
 
     id: str
@@ -87,26 +91,42 @@ class ScoreRequest:
     continuation: str
     tools: tuple[Any, ...] = ()
     prompt: str | None = None
+    continuation_ids: tuple[int, ...] | None = None
+    end_of_turn: bool | None = None
+
+
+@dataclass(frozen=True)
+class EmittedContinuation:
+    """A candidate given as the token ids a model emitted after the context (scored as they are, not re-tokenised
+    from its text) and whether the model's end-of-turn token followed them (then it is scored after them)."""
+
+    text: str  # the ids decoded: what results and transcripts show
+    token_ids: tuple[int, ...]
+    end_of_turn: bool
 
 
 @dataclass(frozen=True)
 class CandidateSet:
-    """One context and K candidate continuations scored under it (the context's prefix is computed once)."""
+    """One context and K candidate continuations scored under it (the context's prefix is computed once); a
+    candidate is a text or the token ids a model emitted (EmittedContinuation)."""
 
     id: str
     messages: tuple[Message, ...]
-    candidates: tuple[str, ...]
+    candidates: tuple[str | EmittedContinuation, ...]
     tools: tuple[Any, ...] = ()
     prompt: str | None = None  # raw text instead of messages (see ScoreRequest)
 
     def score_requests(self) -> list[ScoreRequest]:
         """One request per candidate, in order."""
-        return [ScoreRequest(self.id, self.messages, c, self.tools, self.prompt) for c in self.candidates]
+        return [ScoreRequest(self.id, self.messages, c.text, self.tools, self.prompt, continuation_ids=c.token_ids,
+                             end_of_turn=c.end_of_turn) if isinstance(c, EmittedContinuation)
+                else ScoreRequest(self.id, self.messages, c, self.tools, self.prompt) for c in self.candidates]
 
 
 @dataclass(frozen=True)
 class GreedyRequest:
-    """Decode greedily from the context; the completion may never equal any of `banned` (compared as text)."""
+    """Decode greedily from the context; the completion may never equal any of `banned` (compared as text; with
+    `ban_prefix`, never start with one)."""
 
     id: str
     messages: tuple[Message, ...]
@@ -117,6 +137,7 @@ class GreedyRequest:
     # The environment's "action written" rule (fastscore.decode.ActionDone): once it holds for the completion's text,
     # one more token decides between END_OF_TURN and ACTION_DONE. None: decode to end-of-turn or the budget.
     action_done: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
+    ban_prefix: bool = False
 
 
 @dataclass(frozen=True)

@@ -197,6 +197,8 @@ class Scorer:
     def prepare(self, request: ScoreRequest) -> PreparedRequest:
         """Render, tokenize and locate the scored tokens of one request (no model call)."""
         rid = request.id
+        if request.continuation_ids is not None:
+            return self._prepare_emitted(request)
         if not request.continuation:
             raise RequestError("empty continuation: there is nothing to score", request_id=rid)
         if request.prompt is not None:
@@ -228,7 +230,7 @@ class Scorer:
         # Boundaries crossed: the first scored token may start in the context, the last may run into the template.
         straddles = int(starts[first] < lo) + int(ends[last] > hi)
         end = last + 1
-        with_end_of_turn = self.include_end_of_turn and request.prompt is None  # raw text has no turn to end
+        with_end_of_turn = self._end_of_turn(request)
         if with_end_of_turn:
             eot = self.tokenizer.end_of_turn_id
             if end >= len(ids) or int(ids[end]) != eot:
@@ -246,6 +248,27 @@ class Scorer:
             )
         token_request = TokenRequest(tokens=tuple(int(i) for i in ids[:end]), score_from=first, top_k=self.top_k)
         return PreparedRequest(request, token_request, straddles, with_end_of_turn)
+
+    def _end_of_turn(self, request: ScoreRequest) -> bool:
+        wanted = self.include_end_of_turn if request.end_of_turn is None else request.end_of_turn
+        return wanted and request.prompt is None  # raw text has no turn to end
+
+    def _prepare_emitted(self, request: ScoreRequest) -> PreparedRequest:
+        """Token ids a model emitted, scored right after the context it was decoded from (the messages with the
+        generation prompt, as greedy decoding renders them): no re-tokenisation, so no boundary to straddle."""
+        rid = request.id
+        if not request.continuation_ids:
+            raise RequestError("empty continuation: there is nothing to score", request_id=rid)
+        context = (self.prompt_ids(request.prompt, rid) if request.prompt is not None
+                   else self.context_ids(request.messages, rid, request.tools))
+        with_end_of_turn = self._end_of_turn(request)
+        tokens = [*context, *(int(t) for t in request.continuation_ids)]
+        tokens += [self.tokenizer.end_of_turn_id] if with_end_of_turn else []
+        if len(tokens) > self.backend.n_ctx:
+            raise ContextTooLongError(f"the conversation is {len(tokens)} tokens ({len(context)} of context + "
+                                      f"{len(tokens) - len(context)} scored), longer than {self.context_limit()}",
+                                      request_id=rid)
+        return PreparedRequest(request, TokenRequest(tuple(tokens), len(context), self.top_k), 0, with_end_of_turn)
 
     # --- scoring ---
 
@@ -351,12 +374,10 @@ class Scorer:
     def greedy(self, requests: Sequence[GreedyRequest], max_new_tokens: int = 128, ban_prefix: bool = False, *,
                temperature: float = 0.0, rngs: Sequence[np.random.Generator] | None = None) -> list[GreedyResult]:
         """Greedy completion of each context (rendered with a generation prompt; a raw-text prompt as it is), never
-        equal to its banned texts
-        (with `ban_prefix`, never starting with one); with temperature > 0, a sampled completion drawing from
-        `rngs[i]` (one Generator per request). Each request decodes up to its own `max_new_tokens` if set, at most
-        the call's `max_new_tokens`; requests with different budgets share the decoder calls. Results are in request
-        order. A request's
-        `action_done` rule may end it early (stopped_by "action_done", see fastscore.decode)."""
+        equal to its banned texts (with `ban_prefix`, the call's or the request's: never starting with one); with
+        temperature > 0, sampled from `rngs[i]` (one Generator per request). Each request decodes up to its own
+        `max_new_tokens` if set, at most the call's (budgets share decoder calls), and its `action_done` rule may end
+        it early (stopped_by "action_done", see fastscore.decode). Results are in request order."""
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         contexts, budgets = [], []
@@ -389,7 +410,7 @@ class Scorer:
                     stop_ids=self.tokenizer.stop_ids,
                     max_new_tokens=[budgets[i] for i in idx],
                     banned=[request.banned for request in chunk],
-                    ban_prefix=ban_prefix,
+                    ban_prefix=[ban_prefix or request.ban_prefix for request in chunk],
                     temperature=temperature,
                     rngs=None if rngs is None else [rngs[i] for i in idx],
                     action_done=[request.action_done for request in chunk],

@@ -212,9 +212,11 @@ def test_on_policy_failure_becomes_a_model_item(synthetic):
     assert outcome.status == "failed" and outcome.message == "AssertionError: assert count_evens([1, 2, 4]) == 2"
     item = item_from_failure(source, answer, outcome, seed=3)
     assert item.failure_kind == "model"
-    assert item.failed_action == format_program("def count_evens(xs):\n    return len(xs)")
-    assert item.candidates[:2] == (item.failed_action, format_program(source.code))
-    assert item.error_message == outcome.message and item.meta["raw_action"] == answer
+    # The model's answer as given (emitted up to the harness's cut), not re-rendered; judged by its program.
+    assert item.failed_action == answer
+    assert MbppEnv(data_dir).same_action(format_program("def count_evens(xs):\n    return len(xs)"), answer)
+    assert item.candidates[:2] == (answer, format_program(source.code))
+    assert item.error_message == outcome.message
     assert all(not evaluate(source, c).passed for i, c in enumerate(item.candidates) if i != 1)
     assert evaluate(source, format_program(source.code)).passed
     with pytest.raises(ValueError):

@@ -161,14 +161,21 @@ def test_clean_retry_share_is_wilson_over_all_samples_and_fixed_cells_are_not_ap
     from fastscore.study.metrics_stats import wilson_interval
 
     # On-policy rows: 8 sampled retries per item from the clean context, one repeat among all 25 * 8 = 200 samples.
-    rows = [replace(r, sampled_k=8, sampled_repeat=int(r.item_id == "tools-3")) if r.condition == "clean_retry"
+    # Judged in meaning, 3 of each of the first 5 items' samples repeat (other spellings of the same call).
+    rows = [replace(r, sampled_k=8, sampled_repeat=int(r.item_id == "tools-3"),
+                    sampled_repeat_semantic=3 * (int(r.item_id.split("-")[1]) < 5)) if r.condition == "clean_retry"
             else r for r in study_rows(shift=3.0)]
     summary = summarize(rows, seed=0, n_boot=100)
     share = summary["tools"]["conditions"]["clean_retry"]["sampled_repeat_rate"]
     lo, hi = wilson_interval(1, 200)
     assert (share["mean"], share["lo"], share["hi"], share["n"]) == (1 / 200, lo, hi, 200)
     assert 0.0 < lo < 1 / 200 < hi < 0.03  # a percentile bootstrap over items would give [0, 0.015] or so
+    semantic = summary["tools"]["conditions"]["clean_retry"]["sampled_repeat_semantic_rate"]
+    lo, hi = wilson_interval(15, 200)
+    assert (semantic["mean"], semantic["lo"], semantic["hi"], semantic["n"]) == (15 / 200, lo, hi, 200)
+    assert "sampled_repeat_semantic_rate" not in summary["tools"]["conditions"]["after"]  # only retries are sampled
     text = write_report(summary, tmp_path, {**META, "failure_source": "model"}).read_text()
+    assert "Judged in meaning, as the greedy repeats are" in text and "0.075" in text
     ban_row = next(line for line in text.splitlines() if line.startswith("| ban |"))
     assert "not applicable (0 by construction)" in ban_row and "0 [0, 0]" not in ban_row
     assert "Greedy exact reproduction after the record:" in text and "(before it: not applicable" in text

@@ -11,7 +11,8 @@ What each condition renders to (`context` = the environment's [system, user] mes
 - clean_retry: the failed attempt and its error are deleted and the model retries from the clean context, so the
   messages are exactly `before`'s: the harness restores the context that produced the failure.
 - ban: the `after` messages, with the failed action made unreachable at the decoder: greedy decoding runs with
-  banned=(failed action,), and over the candidate set the failed candidate's probability is 0 and the others are
+  banned=(failed action,) (a model's own action the harness cut before its end-of-turn: no completion may start
+  with it, since the harness would cut such a completion at the same place), and over the candidate set the failed candidate's probability is 0 and the others are
   renormalised (its log-probability is -inf, so the corrective gain is undefined for ban).
 
 Every condition scores the item's fixed candidate set (the failed action first) and decodes greedily once.
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastscore.errors import DataError
-from fastscore.records import CandidateSet, GreedyRequest, Message
+from fastscore.records import CandidateSet, EmittedContinuation, GreedyRequest, Message
 from fastscore.study.envs.base import StudyEnv
 from fastscore.study.items import Item
 
@@ -57,16 +58,17 @@ class ConditionContext:
     condition: str
     messages: tuple[Message, ...]
     banned: tuple[str, ...] = ()
+    ban_prefix: bool = False  # no completion may start with a banned text (not only equal it)
 
     @property
     def request_id(self) -> str:
         return condition_request_id(self.item_id, self.condition)
 
-    def candidate_set(self, candidates: tuple[str, ...]) -> CandidateSet:
+    def candidate_set(self, candidates: tuple[str | EmittedContinuation, ...]) -> CandidateSet:
         return CandidateSet(id=self.request_id, messages=self.messages, candidates=candidates)
 
     def greedy_request(self) -> GreedyRequest:
-        return GreedyRequest(id=self.request_id, messages=self.messages, banned=self.banned)
+        return GreedyRequest(id=self.request_id, messages=self.messages, banned=self.banned, ban_prefix=self.ban_prefix)
 
 
 def condition_request_id(item_id: str, condition: str) -> str:
@@ -110,10 +112,17 @@ def render_conditions(
         elif cond in RECORD_CONDITIONS:
             out.append(ConditionContext(item.item_id, cond, context + records[cond]))
         elif cond == "ban":
-            out.append(ConditionContext(item.item_id, cond, context + records[BAN_CONTEXT], (item.failed_action,)))
+            out.append(ConditionContext(item.item_id, cond, context + records[BAN_CONTEXT], (item.failed_action,),
+                                        cut_before_end_of_turn(item)))
         else:
             raise DataError(f"unknown condition {cond!r} (expected one of {', '.join(CONDITIONS)})")
     return tuple(out)
+
+
+def cut_before_end_of_turn(item: Item) -> bool:
+    """Is the failed action the model's own, scored as emitted and cut by the harness before any end-of-turn?"""
+    emitted = item.meta.get("emitted") if item.failure_kind == "model" else None
+    return emitted is not None and not emitted["end_of_turn"]
 
 
 def distinct(contexts: Sequence[ConditionContext], key) -> dict[str, str]:

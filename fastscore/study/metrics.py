@@ -62,9 +62,11 @@ __all__ = [
 GAIN_METRICS = ("gain", "gain_per_token", "odds_factor", "share_negative")
 # Per-item 0/1 outcomes: their share gets a Wilson interval, never a percentile bootstrap (which collapses at 0 and 1).
 BINARY_METRICS = ("greedy_repeat", "greedy_repeat_program", "greedy_repeat_semantic", "greedy_success")
-ROW_METRICS = ("p_repeat", "p_repeat_norm", *BINARY_METRICS, "banned_mass", "p_sample_repeat", "sampled_repeat_rate")
+# Sampled retries' shares: rate metric -> the ScoreRow count it divides by sampled_k (token for token, in meaning).
+SAMPLED_RATES = {"sampled_repeat_rate": "sampled_repeat", "sampled_repeat_semantic_rate": "sampled_repeat_semantic"}
+ROW_METRICS = ("p_repeat", "p_repeat_norm", *BINARY_METRICS, "banned_mass", "p_sample_repeat", *SAMPLED_RATES)
 TABLE_COLUMNS = ("lp", "n_tokens", "correct_lp", "correct_n", "alt_lp", "alt_lp_per_token", "sampled_k",
-                 "sampled_repeat", "lp_as_cut", "n_as_cut", "cut_before_end_of_turn") + ROW_METRICS
+                 *SAMPLED_RATES.values(), "lp_as_cut", "n_as_cut", "cut_before_end_of_turn") + ROW_METRICS
 
 
 def candidate_probabilities(cand_lp: Iterable[float], cand_n_tokens: Iterable[int]) -> tuple[float, float]:
@@ -142,8 +144,9 @@ def _derived(row: ScoreRow, name: str) -> float:
         return _as_cut(row, name)
     if name == "p_sample_repeat":  # P(a temperature-1 sample is the failed action, token for token) = exp(lp)
         return math.exp(row.lp) if row.condition not in GAIN_UNDEFINED else np.nan
-    if name == "sampled_repeat_rate":
-        return np.nan if not row.sampled_k or row.sampled_repeat is None else row.sampled_repeat / row.sampled_k
+    if name in SAMPLED_RATES:
+        count = getattr(row, SAMPLED_RATES[name])
+        return np.nan if not row.sampled_k or count is None else count / row.sampled_k
     return _as_float(getattr(row, name))
 
 
@@ -265,8 +268,9 @@ def _condition_metrics(table: EnvTable, cond: str, idx: np.ndarray) -> dict[str,
             out[name] = wilson_ci(values).to_dict()
         else:
             out[name] = bootstrap_ci(values, idx).to_dict()
-    if "sampled_repeat_rate" in out:
-        out["sampled_repeat_rate"] = sampled_share(table, cond).to_dict()
+    for name, count in SAMPLED_RATES.items():
+        if name in out:
+            out[name] = sampled_share(table, cond, count).to_dict()
     for name, bound in saturation_flags(table, cond, SATURABLE).items():
         if name in out:
             out[name]["saturated"] = f"{SATURATED} (every item at the {bound} bound)"
@@ -275,15 +279,16 @@ def _condition_metrics(table: EnvTable, cond: str, idx: np.ndarray) -> dict[str,
     return out
 
 
-def sampled_share(table: EnvTable, cond: str) -> Estimate:
-    """The share of all sampled retries that repeat the failed action, with its Wilson interval.
+def sampled_share(table: EnvTable, cond: str, count: str = "sampled_repeat") -> Estimate:
+    """The share of all sampled retries that repeat the failed action (`count`: token for token, or in meaning with
+    "sampled_repeat_semantic"), with its Wilson interval.
 
     Every item has the same k, so the share equals the mean of the per-item shares; a percentile bootstrap of those
     collapses to [0, 0] when no sample repeats, Wilson does not. n counts samples, which within one item are not
     independent: the interval is a floor on the uncertainty.
     """
     k = table.column(cond, "sampled_k")
-    repeats = table.column(cond, "sampled_repeat")
+    repeats = table.column(cond, count)
     n, hits = int(np.nansum(k)), int(np.nansum(repeats))
     if n == 0:
         raise DataError(f"no sampled retries recorded for {cond!r}")

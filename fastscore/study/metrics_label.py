@@ -46,7 +46,7 @@ SCALES = ("per_call", "per_token")
 # Shares and probabilities over a small set that sit at 0 or 1 on every item measure nothing at this n (saturated).
 # Not exp(lp): an exact probability of 1e-12 is a value, not a bound reached.
 SATURABLE = ("p_repeat", "p_repeat_norm", "greedy_repeat", "greedy_repeat_program", "greedy_repeat_semantic",
-             "greedy_success", "sampled_repeat_rate")
+             "greedy_success", "sampled_repeat_rate", "sampled_repeat_semantic_rate")
 
 
 def contrast_key(a: str, b: str) -> str:

@@ -10,7 +10,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from fastscore.records import GreedyRequest, GreedyResult
+from fastscore.decode import END_OF_TURN, ActionDone
+from fastscore.records import EmittedContinuation, GreedyRequest, GreedyResult
 from fastscore.study.conditions import condition_request_id
 from fastscore.study.envs.base import StudyEnv
 from fastscore.study.isolate import call_isolating, error_reason
@@ -32,6 +33,38 @@ ATTEMPT_REASONS = ("the model's", "no item from the model's attempt")  # skip re
 
 def attempt_record(result: GreedyResult) -> dict[str, Any]:
     return {"text": result.text, "token_ids": list(result.token_ids), "stopped_by": result.stopped_by}
+
+
+def emitted_action(attempt: GreedyResult, rule: ActionDone | None, token_bytes: Sequence[bytes]
+                   ) -> tuple[tuple[int, ...], bool]:
+    """The model's action as it emitted it, up to where the harness cut it: its token ids and whether its own
+    end-of-turn token followed them.
+
+    The cut is the same rule decoding stopped by: the first token after which the environment's action_done rule
+    holds (checked on the text decoded so far, as the decoder checks it). The one token the decoder reads after it
+    only tells whether the turn ended there; it is not part of the action. An attempt that ended its turn ends with
+    its end-of-turn; one the harness cut (or the cap) has none, and none is scored after it under any condition."""
+    ids = tuple(attempt.token_ids)
+    if attempt.stopped_by == END_OF_TURN:
+        return ids, True  # the rule, if it held, held at the last token (the decoder stops one token after it)
+    if rule is not None:
+        text = b""
+        for k, token in enumerate(ids, 1):
+            text += token_bytes[token] if token < len(token_bytes) else b""
+            if rule(text.decode("utf-8", errors="replace")):
+                return ids[:k], False
+    return ids, False
+
+
+def scored_candidates(item: Item) -> tuple[str | EmittedContinuation, ...]:
+    """The candidates as the scorer gets them: an on-policy item's failed action as the token ids the model emitted
+    (up to the harness's cut, see emitted_action), the others as texts. Items built before actions were kept as
+    emitted (no meta["emitted"]) score their failed action's text."""
+    emitted = item.meta.get("emitted") if item.failure_kind == "model" else None
+    if emitted is None:
+        return item.candidates
+    failed = EmittedContinuation(item.failed_action, tuple(emitted["token_ids"]), bool(emitted["end_of_turn"]))
+    return (failed, *item.candidates[1:])
 
 
 def own_attempt(item: Item) -> GreedyResult | None:
@@ -116,6 +149,7 @@ class ModelFailureBuilder:
         # action is decided: the program extracted and whether the turn ended right after it are what a decode to
         # the cap would give, without the explanation a small model writes on after its program.
         action_done = self.env.action_done()
+        token_bytes = self.scorer.tokenizer.token_bytes
         requests = {item.item_id: [GreedyRequest(item.item_id, self.env.context_messages(item),
                                                  action_done=action_done)]
                     for item in seeded}
@@ -137,14 +171,19 @@ class ModelFailureBuilder:
                 skipped.append(Skipped(self.name, item.source_id, CUT_AT_CAP))
                 yield None
                 continue
-            outcome = self.env.evaluate(item.source_id, text)
+            # The action is what the model emitted up to the harness's cut: judged, shown in every record and scored
+            # (as these very ids) under every condition.
+            ids, end_of_turn = emitted_action(attempt, action_done, token_bytes)
+            action = self.scorer.tokenizer.decode(ids)
+            outcome = self.env.evaluate(item.source_id, action)
             if outcome.ok:
                 skipped.append(Skipped(self.name, item.source_id, "the model's own attempt succeeded"))
                 yield None
             else:
                 try:
-                    made = self.env.item_from_failure(item.source_id, text, outcome, self.seed)
-                    yield replace(made, meta={**made.meta, "attempt": attempt_record(results[item.item_id][0])})
+                    made = self.env.item_from_failure(item.source_id, action, outcome, self.seed)
+                    emitted = {"token_ids": list(ids), "end_of_turn": end_of_turn}
+                    yield replace(made, meta={**made.meta, "attempt": attempt_record(attempt), "emitted": emitted})
                 except ValueError as exc:
                     skipped.append(Skipped(self.name, item.source_id, f"no item from the model's attempt: {exc}"))
                     yield None

@@ -45,6 +45,7 @@ CONDITION_COLUMNS = (
     ("banned_mass", "banned mass"),
     ("p_sample_repeat", "P(T=1 sample = failed) = exp(lp)"),
     ("sampled_repeat_rate", "sampled retries repeating"),
+    ("sampled_repeat_semantic_rate", "sampled retries repeating, semantic"),
 )
 # Cells whose value holds by construction, per failure source: (condition, column) -> why.
 BY_CONSTRUCTION = {

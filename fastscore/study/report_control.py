@@ -170,9 +170,10 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
             conds = s.get("conditions", {})
             clean = conds.get("clean_retry", {}).get("sampled_repeat_rate")
             if clean is None:
-                retry.append([source, env, "not applicable (seeded failures)"] + [""] * 4)
+                retry.append([source, env, "not applicable (seeded failures)"] + [""] * 5)
                 continue
-            retry.append([source, env, cell(clean)]
+            semantic = conds.get("clean_retry", {}).get("sampled_repeat_semantic_rate")
+            retry.append([source, env, cell(clean), cell(semantic) if semantic else "not recorded"]
                          + [cell(conds.get(c, {}).get("p_sample_repeat")) for c in
                             ("after", "description", "dont_repeat", "before")])
     return "\n\n".join([
@@ -189,10 +190,14 @@ def sources_report(by_source: dict[str, dict[str, Any]], links: dict[str, str], 
         "## Clean retry\n\nShare of k sampled retries (temperature 1.0, seeded) from the clean context that "
         "reproduce the failed action token for token, next to the exact probability exp(lp) that one temperature-1 "
         "sample reproduces it under the other harnesses. The clean context is `before`'s, so the retries estimate "
-        "exp(lp(before)) (last column), **by construction**; they add no information beyond it. Which harness repeats "
-        "more is stated in each source's report only where the paired CI excludes the tie. Under seeded failures the "
-        "failed action did not come from the clean context, so clean retry is not applicable there.\n\n"
-        + table(["source", "env", "clean retry: sampled share repeating", "after: exp(lp)", "description: exp(lp)",
+        "exp(lp(before)) (last column), **by construction**; token for token they add no information beyond it. "
+        "Judged in meaning (the same call after argument normalisation; the same failing test outcome), as the greedy "
+        "repeats are, they measure what exp(lp) cannot: how often a retry makes the same mistake in another spelling. "
+        "Which harness repeats more is stated in each source's report only where the paired CI excludes the tie. "
+        "Under seeded failures the failed action did not come from the clean context, so clean retry is not "
+        "applicable there.\n\n"
+        + table(["source", "env", "clean retry: sampled share repeating", "... in meaning", "after: exp(lp)",
+                 "description: exp(lp)",
                  "dont_repeat: exp(lp)", "before: exp(lp) (= clean context)"], retry),
         *_sensitivity_by_source(by_source),
     ])

@@ -124,12 +124,17 @@ def clean_retry_section(summary: dict[str, Any]) -> str | None:
     if not retry:
         return None
     rows = [[rival, power_cell(est), est.get("ranking", "")] for rival, est in retry.get("minus", {}).items()]
-    sampled = summary.get("conditions", {}).get("clean_retry", {}).get("sampled_repeat_rate")
+    clean = summary.get("conditions", {}).get("clean_retry", {})
+    sampled, semantic = clean.get("sampled_repeat_rate"), clean.get("sampled_repeat_semantic_rate")
+    in_meaning = ("" if semantic is None else
+                  f" Judged in meaning, as the greedy repeats are (the same call after argument normalisation; the "
+                  f"same failing test outcome), {cell(semantic)} of the samples repeated the failed action; the "
+                  "greedy retry repeats it by construction (it is the model's own attempt).")
     return "\n\n".join([
         "### Clean retry",
         f"P(one temperature-1 sample from the clean context = the failed action) = exp(lp(before)) = "
         f"{cell(retry['p_sample_repeat'])}, **by construction** (the clean retry's messages are `before`'s); the "
-        f"sampled retries estimate it: {cell(sampled)} of the samples repeated.",
+        f"sampled retries estimate it: {cell(sampled)} of the samples repeated it token for token." + in_meaning,
         table(["vs", "exp(lp(before)) - exp(lp(vs)), paired", "ranking (stated only when the CI excludes 0)"], rows),
     ])
 

@@ -31,17 +31,19 @@ def edited_tokens(failed: Sequence[int], correct: Sequence[int]) -> tuple[bool, 
 
 
 def reproduces(result: GreedyResult, scored_ids: Sequence[int], end_of_turn: bool) -> bool:
-    """Is a completion the scored continuation token for token (stopping right after it when end-of-turn is scored)?"""
+    """Is a completion the scored continuation token for token? With end-of-turn scored: exactly its tokens, then
+    the end of the turn. Without: an action the harness cut after its last token (the model's own attempt, which
+    wrote on), so a completion that starts with its tokens is cut at the same token and is the same action."""
     if end_of_turn:
         return result.stopped_by == "end_of_turn" and list(result.token_ids) == list(scored_ids[:-1])
-    return list(result.token_ids) == list(scored_ids)
+    return list(result.token_ids[: len(scored_ids)]) == list(scored_ids)
 
 
 def score_rows(item: Item, lp_record: dict[str, Any], greedy: dict[str, GreedyResult], env: StudyEnv,
-               decoded: dict[str, bool] | None = None, samples: dict[str, tuple[int, int]] | None = None
+               decoded: dict[str, bool] | None = None, samples: dict[str, tuple[int, int, int]] | None = None
                ) -> list[ScoreRow]:
-    """`decoded[c]` False: c's completion was read off the argmax chain; `samples[c]` = (k, repeats) of sampled
-    retries from c's context."""
+    """`decoded[c]` False: c's completion was read off the argmax chain; `samples[c]` = (k, repeats token for token,
+    repeats in meaning) of sampled retries from c's context."""
     rows = []
     for cond in CONDITIONS:
         scored, completion = lp_record["conditions"][cond], greedy[cond]
@@ -55,7 +57,7 @@ def score_rows(item: Item, lp_record: dict[str, Any], greedy: dict[str, GreedyRe
         token_lp = edited = None
         if ids is not None and cond not in GAIN_UNDEFINED:
             token_lp, edited = scored["cand_token_lp"][0], edited_tokens(ids[0], ids[1])
-        k, repeats = (samples or {}).get(cond, (None, None))
+        k, repeats, semantic = (samples or {}).get(cond, (None, None, None))
         attempt = item.meta.get("attempt") if item.failure_kind == "model" else None
         rows.append(ScoreRow(
             item_id=item.item_id, env=item.env, condition=cond, lp=cand_lp[0], n_tokens=n[0], cand_lp=cand_lp,
@@ -69,6 +71,7 @@ def score_rows(item: Item, lp_record: dict[str, Any], greedy: dict[str, GreedyRe
             greedy_repeat_semantic=env.repeats_failure(item, completion.text),
             greedy_decoded=None if decoded is None else decoded.get(cond, True),
             token_lp=token_lp, token_edited=edited, sampled_k=k, sampled_repeat=repeats,
+            sampled_repeat_semantic=semantic,
             action_cut=None if attempt is None else attempt.get("stopped_by"),
             scored_end_of_turn=None if ids is None else bool(scored.get("end_of_turn", True)),
         ))

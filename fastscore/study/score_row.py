@@ -16,6 +16,11 @@ from fastscore.study.conditions import CONDITIONS, GAIN_UNDEFINED
 from fastscore.study.envs import ENVS
 
 
+# Fields added after rows were committed by running studies: written only where they have a value, so rows that
+# have none (e.g. every seeded failure's) stay field for field what earlier code wrote.
+WRITTEN_WHEN_SET = ("sampled_repeat_semantic",)
+
+
 @dataclass(frozen=True)
 class ScoreRow:
     """Scores of one item under one condition. lp values are natural-log sums over the scored tokens;
@@ -49,6 +54,9 @@ class ScoreRow:
     # end-of-turn token scored after the action is one the model never emitted.
     action_cut: str | None = None
     scored_end_of_turn: bool | None = None
+    # ... of the sampled retries, those that repeat the failed action in meaning (StudyEnv.repeats_failure, the rule
+    # greedy_repeat_semantic uses)
+    sampled_repeat_semantic: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cand_lp", tuple(float(x) for x in self.cand_lp))
@@ -75,6 +83,9 @@ class ScoreRow:
 
     def to_dict(self) -> dict[str, Any]:
         raw = asdict(self)
+        for name in WRITTEN_WHEN_SET:
+            if raw[name] is None:
+                del raw[name]
         raw["lp"] = _encode_lp(self.lp)
         raw["cand_lp"] = [_encode_lp(x) for x in self.cand_lp]
         raw["cand_n_tokens"] = list(self.cand_n_tokens)

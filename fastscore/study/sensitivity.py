@@ -36,6 +36,7 @@ from fastscore.study.envs.base import StudyEnv
 from fastscore.study.items import Item
 from fastscore.study.metrics import POOLED
 from fastscore.study.metrics_stats import bootstrap_ci, ratio_ci, resample_indices
+from fastscore.study.onpolicy import scored_candidates
 
 CHECKS = ("record_role", "native_tools")
 DESCRIPTIONS = {
@@ -81,8 +82,10 @@ def _record_role(item: Item, env: StudyEnv) -> CheckRequests:
     attempt, record = record_messages(env, item, "after")
     flipped = Message(other_role(record.role), record.content)
     messages = env.context_messages(item) + (attempt, flipped)
+    # The candidates as the study scores them (an on-policy failed action as its emitted ids), so the change is the
+    # record's role alone.
     return CheckRequests("record_role", {"after": CandidateSet(_set_id(item, "record_role", "after"), messages,
-                                                                item.candidates)})
+                                                                scored_candidates(item))})
 
 
 def _native_tools(item: Item, env: StudyEnv, scorer) -> CheckRequests:

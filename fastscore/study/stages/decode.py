@@ -8,8 +8,8 @@ rest (no candidate's chain complete, the decoder ban, the model's own attempt) i
 item's budget and, where the environment has one, its action_done rule (MBPP: one token after the closed program,
 ending as ACTION_DONE unless that token ends the turn; no metric reads what a model writes after it). On-policy items
 also get k sampled retries from the clean context (temperature 1.0, each from a generator seeded by the run's seed
-and the retry's id), budgeted to the failed action's length: a retry repeats it only by emitting exactly its tokens,
-then stopping, so a retry stops one token after its text leaves the failed action's.
+and the retry's id), decoded like the greedy completions (same budget, same action_done rule) and judged like them:
+token for token and in meaning (StudyEnv.repeats_failure).
 """
 
 from __future__ import annotations
@@ -62,24 +62,6 @@ def chain_completion(request_id: str, scored: dict[str, Any], tokenizer) -> Gree
             body = tuple(ids[:-1])
             return GreedyResult(id=request_id, text=tokenizer.decode(body), token_ids=body, stopped_by="end_of_turn")
     return None
-
-
-def left_the_action(failed_ids: Sequence[int], token_bytes: Sequence[bytes]) -> Callable[[str], bool]:
-    """An action_done rule for a sampled retry: true once the text generated is no longer a prefix of the failed
-    action's text. From then on no continuation can be the failed action's tokens, so nothing the sample would write
-    next changes whether it repeats it (the only thing a retry is read for); the decoder stops one token later.
-
-    The decoder hands the rule its bytes decoded with an incomplete last character replaced, so trailing
-    replacement characters are dropped before comparing: a retry halfway through a multi-byte character of the
-    failed action has not left it."""
-    failed_text = b"".join(token_bytes[t] for t in failed_ids if t < len(token_bytes)).decode("utf-8", "replace")
-    return lambda text: not failed_text.startswith(text.rstrip("\ufffd"))
-
-
-def _action_body(scored: dict[str, Any]) -> list[int]:
-    """The failed action's scored tokens without the end-of-turn token (which decoding emits as a stop, not text)."""
-    ids = list(scored["cand_token_ids"][0])
-    return ids[:-1] if scored.get("end_of_turn", True) else ids
 
 
 def retry_rng(seed: int, request_id: str) -> np.random.Generator:
@@ -143,7 +125,7 @@ def _complete_chunk(members, lp, scorer, env: StudyEnv, cap: int, plan: DecodePl
     ok, failed = call_isolating(decode, {i: reqs for i, reqs in to_decode.items() if reqs}, lambda r: r.id)
     for i, got in ok.items():
         results[i].update(by_condition(got))
-    samples = _sampled_retries(members, lp, scorer, env, plan, failed) if plan.retries else {}
+    samples = _sampled_retries(members, lp, scorer, env, cap, plan, failed) if plan.retries else {}
 
     def stored(item: Item) -> None:
         i = item.item_id
@@ -156,26 +138,28 @@ def _complete_chunk(members, lp, scorer, env: StudyEnv, cap: int, plan: DecodePl
     store_results("greedy", members, done, failed, err_log, stored, bar, after_item)
 
 
-def _sampled_retries(members: Sequence[Item], lp, scorer, env: StudyEnv, plan: DecodePlan,
-                     failed: dict[str, Exception]) -> dict[str, dict[str, tuple[int, int]]]:
-    """k sampled retries from the clean context of each on-policy item: {item: {clean_retry: (k, repeats)}}."""
+def _sampled_retries(members: Sequence[Item], lp, scorer, env: StudyEnv, cap: int, plan: DecodePlan,
+                     failed: dict[str, Exception]) -> dict[str, dict[str, tuple[int, int, int]]]:
+    """k sampled retries from the clean context of each on-policy item:
+    {item: {clean_retry: (k, repeats token for token, repeats in meaning)}}."""
     targets = {item.item_id: lp[item.item_id][0]["conditions"][REFERENCE] for item in members
                if own_attempt(item) is not None and item.item_id not in failed}
     if not targets:
         return {}
     by_id = {item.item_id: item for item in members}
-    token_bytes = scorer.tokenizer.token_bytes
-    # The clean retry's context: the failed attempt and its error deleted, i.e. before's messages. A retry whose text
-    # has left the failed action's is decided (not a repeat): it stops one token later (see left_the_action).
-    left = {i: left_the_action(_action_body(rec), token_bytes) for i, rec in targets.items()}
-    requests = {i: [GreedyRequest(f"{i}::{RETRY_CONDITION}#{k}", env.context_messages(by_id[i]), action_done=left[i])
+    # The clean retry's context: the failed attempt and its error deleted, i.e. before's messages. A retry is decoded
+    # as a greedy completion is (the item's budget, the environment's action_done rule), not stopped once its text
+    # leaves the failed action's: the semantic judge needs the whole action, since a retry that spells the same call
+    # or program differently (other quoting, spacing, argument order, a preamble) repeats it in meaning. The same
+    # budget and stop rule also make the sampled rate the same measurement as the greedy one.
+    action_done = env.action_done()
+    requests = {i: [GreedyRequest(f"{i}::{RETRY_CONDITION}#{k}", env.context_messages(by_id[i]),
+                                  max_new_tokens=greedy_budget(cap, lp[i][0]), action_done=action_done)
                     for k in range(plan.retries)] for i in targets}
-    # A retry can equal the failed action only by emitting its tokens and then stopping: no longer budget is needed.
-    budget = max(max(rec["cand_n_tokens"][0] for rec in targets.values()) + 1, 2)
 
     def sample(reqs: list[GreedyRequest]) -> list[GreedyResult]:
         rngs = [retry_rng(plan.seed, r.id) for r in reqs]
-        return scorer.greedy(reqs, max_new_tokens=budget, temperature=RETRY_TEMPERATURE, rngs=rngs)
+        return scorer.greedy(reqs, max_new_tokens=cap, temperature=RETRY_TEMPERATURE, rngs=rngs)
 
     ok, bad = call_isolating(sample, requests, lambda r: r.id)
     failed.update(bad)
@@ -183,5 +167,6 @@ def _sampled_retries(members: Sequence[Item], lp, scorer, env: StudyEnv, plan: D
     for i, got in ok.items():
         rec = targets[i]
         repeats = sum(reproduces(r, rec["cand_token_ids"][0], rec.get("end_of_turn", True)) for r in got)
-        out[i] = {RETRY_CONDITION: (len(got), int(repeats))}
+        semantic = sum(env.repeats_failure(by_id[i], r.text) for r in got)
+        out[i] = {RETRY_CONDITION: (len(got), int(repeats), int(semantic))}
     return out

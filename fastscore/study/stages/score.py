@@ -12,6 +12,7 @@ from fastscore.study.conditions import by_condition, distinct, render_conditions
 from fastscore.study.envs.base import StudyEnv
 from fastscore.study.isolate import call_isolating, chunks
 from fastscore.study.items import Item
+from fastscore.study.onpolicy import scored_candidates
 from fastscore.study.stages import errored_at, store_results
 from fastscore.study.store import StudyStore
 
@@ -53,7 +54,7 @@ def score_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items: 
             contexts = {item.item_id: render_conditions(item, envs[item.env]) for item in members}
             stands_for = {i: distinct(c, lambda x: x.messages) for i, c in contexts.items()}
             by_id = {item.item_id: item for item in members}
-            requests = {i: [c.candidate_set(by_id[i].candidates) for c in cs
+            requests = {i: [c.candidate_set(scored_candidates(by_id[i])) for c in cs
                             if stands_for[i][c.condition] == c.condition] for i, cs in contexts.items()}
             results, failed = call_isolating(scorer.score_candidates, requests, lambda r: r.id)
 

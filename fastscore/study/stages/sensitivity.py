@@ -35,7 +35,8 @@ def _item_record(item: Item, plan: Mapping[str, CheckRequests | str], results: S
             checks[check] = {NOT_APPLICABLE: f"not scored: {error_reason(error)}"}
         else:
             checks[check] = {"sets": {name: _set_record(by_id[s.id]) for name, s in requests.sets.items()},
-                             "candidates": list(next(iter(requests.sets.values())).candidates)}
+                             "candidates": [getattr(c, "text", c)  # an emitted action: its decoded text
+                                            for c in next(iter(requests.sets.values())).candidates]}
     return {"item_id": item.item_id, "env": item.env, "checks": checks}
 
 

@@ -202,10 +202,10 @@ def _build_item(source: MbppSource, seed: int) -> Item | Skipped:
 
 
 def _item(source: MbppSource, item_id: str, program: str, outcome: RunOutcome, kind: str,
-          extras: list[tuple[Mutant, RunOutcome]], meta: dict) -> Item:
-    """The item whose failed action is `program` (failing with `outcome`); the candidate set is it, the reference
-    and the extra failing mutants."""
-    failed_action = format_program(program)
+          extras: list[tuple[Mutant, RunOutcome]], meta: dict, shown: str | None = None) -> Item:
+    """The item whose failed action is `program` (failing with `outcome`), shown as `shown` (default: in the
+    canonical format); the candidate set is it, the reference and the extra failing mutants."""
+    failed_action = format_program(program) if shown is None else shown
     reference = format_program(source.reference)
     candidates = (failed_action, reference, *(format_program(m.text) for m, _ in extras))
     if len(set(candidates)) != N_CANDIDATES:
@@ -275,11 +275,12 @@ def evaluate(source: MbppSource, action_text: str) -> RunOutcome:
 
 
 def item_from_failure(source: MbppSource, action: str, outcome: RunOutcome, seed: int) -> Item:
-    """An item whose failed action is the model's own failing program (failure_kind "model").
+    """An item whose failed action is the model's own failing answer (failure_kind "model").
 
-    The failed action is the extracted program in the canonical fenced format (the form every candidate takes);
-    the model's raw answer is kept in meta["raw_action"]. The other candidates are the reference and failing
-    mutants of it, drawn as in build_items.
+    The failed action is `action` as given: the model's answer as it emitted it, up to where the harness cut it
+    (fastscore.study.onpolicy.emitted_action), so every record shows and every condition scores what the model
+    wrote, not a re-rendering; it is judged by the program it contains. The other candidates are the reference and
+    failing mutants of it in the canonical format, drawn as in build_items.
     """
     program = extract_program(action)
     if outcome.passed or program == source.reference:
@@ -287,8 +288,8 @@ def item_from_failure(source: MbppSource, action: str, outcome: RunOutcome, seed
     rng = random.Random(f"{seed}:{source.task_id}")
     extras = _failing_mutants(source, rng, EXTRA_MUTANTS, exclude={program, source.reference})
     digest = hashlib.sha1(program.encode("utf-8")).hexdigest()[:8]
-    return _item(source, f"{ENV}-{source.task_id}-model-{digest}", program, outcome, "model", extras,
-                 {"raw_action": action})
+    return _item(source, f"{ENV}-{source.task_id}-model-{digest}", program, outcome, "model", extras, {},
+                 shown=action)
 
 
 class MbppEnv(StudyEnv):
@@ -328,7 +329,7 @@ class MbppEnv(StudyEnv):
 
     def finished_action(self, text: str, stopped_by: str) -> bool:
         """A closed fenced program is a finished action even if the model talked on after it: the item's failed
-        action is that program in its canonical form, not the raw text."""
+        action is the answer up to the harness's cut (onpolicy.emitted_action), its program that block's."""
         closed = _CLOSED_FENCE.search(text.replace("\r\n", "\n")) is not None
         return super().finished_action(text, stopped_by) or closed
 
@@ -339,8 +340,9 @@ class MbppEnv(StudyEnv):
         return program_written
 
     def same_action(self, text: str, failed_action: str) -> bool:
-        """Programs compare as the extracted program in its canonical fenced form."""
-        return format_program(extract_program(text)) == failed_action
+        """Programs compare as the extracted program in its canonical fenced form, on both sides: a seeded failed
+        action is already in that form, the model's own is its answer as emitted."""
+        return format_program(extract_program(text)) == format_program(extract_program(failed_action))
 
     def reference_actions(self) -> list[str]:
         return [format_program(source.code) for source in self.sources().values()]

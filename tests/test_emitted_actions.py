@@ -1,0 +1,149 @@
+"""On-policy actions scored as emitted (#31.3) and sampled retries judged in meaning (#31.2).
+
+The model's own failed attempt is scored as the token ids it emitted up to where the harness cut it, under every
+condition, and shown as their text in every record; sampled clean retries are decoded like greedy completions and
+judged by the environment's semantic repeat rule. End to end on a tiny random model (llama.cpp, f32).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scorer_helpers import CountingFakeBackend
+
+from fastscore.decode import ACTION_DONE, END_OF_TURN, MAX_TOKENS
+from fastscore.records import CandidateSet, EmittedContinuation, GreedyRequest, GreedyResult, Message
+from fastscore.scorer import Scorer
+
+SEED = 43
+RETRIES = 3
+WORDS = 3  # the test environment's action is written once its text holds this many words
+
+
+def _rule(text: str) -> bool:
+    return len(text.split()) >= WORDS + 1  # a word past the third: the third is complete
+
+
+def test_an_emitted_continuation_is_scored_as_its_ids_right_after_the_decoding_context(smollm_tokenizer):
+    scorer = Scorer(CountingFakeBackend(), smollm_tokenizer)
+    context = (Message("user", "Name a colour."),)
+    text = "Blue, mostly."
+    ids = tuple(smollm_tokenizer.encode(text).ids)
+    # The same tokens given as text and as ids score alike; ids the tokenizer would never produce are kept as given.
+    split = (*smollm_tokenizer.encode("Bl").ids, *smollm_tokenizer.encode("ue, mostly.").ids)
+    assert split != ids and smollm_tokenizer.decode(split) == text
+    as_text, as_ids, as_split, cut = scorer.score_candidates([CandidateSet("s", context, (
+        text, EmittedContinuation(text, ids, True), EmittedContinuation(text, split, True),
+        EmittedContinuation(text, ids, False)))])[0].results
+    eot = smollm_tokenizer.end_of_turn_id
+    assert as_ids.token_ids == (*ids, eot) == as_text.token_ids and as_split.token_ids == (*split, eot)
+    print("text vs emitted ids, same tokens: |Δ lp| =", abs(as_text.logprob - as_ids.logprob))
+    assert as_ids.logprob == pytest.approx(as_text.logprob, abs=1e-9)
+    assert cut.token_ids == ids and not cut.includes_end_of_turn
+    assert cut.logprob == pytest.approx(sum(as_ids.token_logprobs[:-1]), abs=1e-9)
+    assert as_ids.continuation == text and as_ids.boundary_straddles == 0
+    prefix = scorer.context_ids(context)
+    prepared = scorer.prepare(CandidateSet("s", context, (EmittedContinuation(text, split, False),)).score_requests()[0])
+    assert prepared.token_request.tokens == (*prefix, *split) and prepared.token_request.score_from == len(prefix)
+
+
+def test_the_emitted_action_ends_where_the_harness_cut_it(smollm_tokenizer):
+    from fastscore.study.onpolicy import emitted_action
+
+    ids = tuple(smollm_tokenizer.encode("one two three four five").ids)
+    attempt = lambda stop: GreedyResult("a", smollm_tokenizer.decode(ids), ids, stop)  # noqa: E731
+    cut = next(k for k in range(1, len(ids) + 1) if _rule(smollm_tokenizer.decode(ids[:k])))
+    assert 1 < cut < len(ids)
+    token_bytes = smollm_tokenizer.token_bytes
+    assert emitted_action(attempt(ACTION_DONE), _rule, token_bytes) == (ids[:cut], False)
+    assert emitted_action(attempt(END_OF_TURN), None, token_bytes) == (ids, True)
+    assert emitted_action(attempt(MAX_TOKENS), None, token_bytes) == (ids, False)
+
+
+class _Judged:
+    """Records every text the environment judged for a repeat, and what it answered."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bool]] = []
+
+
+def _words_env(data_dir, judged: _Judged):
+    """The tools environment whose harness cuts an answer once it has written WORDS words (the tiny random model
+    never ends its turn), and whose semantic repeat judge is recorded."""
+    from fastscore.study.envs.tools.env import ToolsEnv
+
+    class WordsEnv(ToolsEnv):
+        def action_done(self):
+            return _rule
+
+        def repeats_failure(self, item, text):
+            same = super().repeats_failure(item, text)
+            judged.calls.append((text, same))
+            return same
+
+    return WordsEnv(data_dir)
+
+
+def test_on_policy_actions_are_scored_as_emitted_under_every_condition_and_retries_judged_in_meaning(
+        tiny_model, study_data, tmp_path):
+    from fastscore.session import open_scorer
+    from fastscore.study.conditions import CONDITIONS, render_conditions
+    from fastscore.study.onpolicy import ModelFailureBuilder
+    from fastscore.study.score_row import read_score_rows
+    from fastscore.study.stages.decode import DecodePlan, greedy_stage
+    from fastscore.study.stages.score import score_stage
+    from fastscore.study.store import StudyStore
+
+    judged = _Judged()
+    env = _words_env(study_data, judged)
+    store = StudyStore(tmp_path)
+    store.start({"test": 1}, resume=False)
+    with open_scorer(str(tiny_model("llama")), "llamacpp", "f32", n_threads=2, progress=False) as scorer:
+        items, skipped = ModelFailureBuilder(env, scorer, SEED, max_new_tokens=16).build(1)
+        assert items, [s.reason for s in skipped]
+        score_stage(store, scorer, {env.name: env}, items)
+        greedy_stage(store, scorer, {env.name: env}, items, lambda _: 16, DecodePlan(False, RETRIES, SEED))
+        decode = scorer.tokenizer.decode
+    lp = {r["item_id"]: r for r in map(json.loads, (tmp_path / "logprobs.jsonl").read_text().splitlines())}
+    rows = {(r.item_id, r.condition): r for r in read_score_rows(tmp_path / "scores.jsonl")}
+    for item in items:
+        attempt = item.meta["attempt"]
+        # The harness's cut, from the attempt alone: the first token after which the action was written.
+        ids = attempt["token_ids"]
+        cut = next(k for k in range(1, len(ids) + 1) if _rule(decode(ids[:k])))
+        assert attempt["stopped_by"] == ACTION_DONE and cut == len(ids) - 1  # the decoder read one token more
+        emitted = ids[:cut]
+        for cond in CONDITIONS:
+            scored = lp[item.item_id]["conditions"][cond]
+            assert scored["cand_token_ids"][0] == emitted, (item.item_id, cond)  # no end-of-turn: never emitted
+            assert not scored["end_of_turn"] and not rows[item.item_id, cond].scored_end_of_turn
+        shown = {c.condition: c.messages[2].content for c in render_conditions(item, env) if len(c.messages) > 2}
+        assert shown["after"] == shown["neutral"] == shown["success"] == decode(emitted) == item.failed_action
+        assert rows[item.item_id, "before"].greedy_repeat  # its own attempt starts with the action: cut there too
+    # The decode stage judges each item's sampled retries (before it writes the rows, whose greedy completions are
+    # judged next, one per condition): every retry was judged in meaning, as a whole action (decoded to the
+    # action_done rule, like a greedy completion; the run is seeded and exact, so no retry of it ends at its
+    # budget), not stopped once its text left the failed action's.
+    n = len(items)
+    assert len(judged.calls) == n * (RETRIES + len(CONDITIONS))
+    retries = judged.calls[: n * RETRIES]
+    print("retries judged:", retries)
+    assert all(_rule(text) for text, _ in retries)
+    for k, item in enumerate(items):
+        clean = rows[item.item_id, "clean_retry"]
+        assert clean.sampled_k == RETRIES and 0 <= clean.sampled_repeat <= RETRIES
+        assert clean.sampled_repeat_semantic == sum(same for _, same in retries[k * RETRIES : (k + 1) * RETRIES])
+
+
+def test_a_prefix_ban_can_be_asked_per_request_beside_text_bans_in_one_call(smollm_tokenizer):
+    """The decoder ban of a model's own action the harness cut: no completion may start with it; in the same call a
+    text ban (a seeded action's) still forbids only the exact text."""
+    scorer = Scorer(CountingFakeBackend(), smollm_tokenizer)
+    context = (Message("user", "Name a colour."),)
+    free = scorer.greedy([GreedyRequest("g", context)], max_new_tokens=6)[0]
+    start = smollm_tokenizer.decode(free.token_ids[:3])
+    by_prefix, by_text = scorer.greedy([GreedyRequest("p", context, banned=(start,), ban_prefix=True),
+                                        GreedyRequest("t", context, banned=(start,))], max_new_tokens=6)
+    assert by_text.token_ids == free.token_ids  # the exact 3-token text is not the 6-token completion
+    assert not by_prefix.text.lstrip().startswith(start.strip()) and by_prefix.banned_steps > 0
