@@ -87,7 +87,7 @@ def _words_env(data_dir, judged: _Judged):
 
 def test_on_policy_actions_are_scored_as_emitted_under_every_condition_and_retries_judged_in_meaning(
         tiny_model, study_data, tmp_path):
-    from fastscore.session import open_scorer
+    from fastscore.selection import ModelSelection
     from fastscore.study.conditions import CONDITIONS, render_conditions
     from fastscore.study.onpolicy import ModelFailureBuilder
     from fastscore.study.score_row import read_score_rows
@@ -99,7 +99,7 @@ def test_on_policy_actions_are_scored_as_emitted_under_every_condition_and_retri
     env = _words_env(study_data, judged)
     store = StudyStore(tmp_path)
     store.start({"test": 1}, resume=False)
-    with open_scorer(str(tiny_model("llama")), "llamacpp", "f32", n_threads=2, progress=False) as scorer:
+    with ModelSelection.resolve(str(tiny_model("llama")), "llamacpp", "f32", threads=2).open() as scorer:
         items, skipped = ModelFailureBuilder(env, scorer, SEED, max_new_tokens=16).build(1)
         assert items, [s.reason for s in skipped]
         score_stage(store, scorer, {env.name: env}, items)
