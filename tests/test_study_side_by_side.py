@@ -1,0 +1,77 @@
+"""bench/lab/study_side_by_side.py on crafted run folders: figures read from each run, medians over rounds, and the row
+comparison that says whether two versions' runs agree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fastscore.bench.lab.study_side_by_side import compare_runs, median_figures, render, run_figures
+
+REPORT = """# Study
+
+## Stage timings
+
+| stage | seconds | tokens computed | tok/s |
+|---|---|---|---|
+| load model | 2.0 |  |  |
+| score candidate sets | {score} | 1000 | 10 |
+| greedy decoding | {greedy} | {greedy_tokens} | 10 |
+| **total** | 99 |  |  |
+"""
+
+
+def write_run(out: Path, score: float, greedy: float, greedy_tokens: int = 500, lp: float = -1.5,
+              text: str = "print(1)") -> Path:
+    """A `--failures both` run folder with two items per source and the given stage seconds and rows."""
+    for source in ("seeded", "model"):
+        folder = out / source
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"failures": source, "envs": ["tools", "mbpp"]}))
+        (folder / "summary.json").write_text(json.dumps({"tools": {"n_items": 1}, "mbpp": {"n_items": 1}}))
+        (folder / "report.md").write_text(REPORT.format(score=score, greedy=greedy, greedy_tokens=greedy_tokens))
+        rows = [{"item_id": f"{source}-{k}", "lp": lp + k, "greedy": text, "greedy_repeat": False} for k in range(2)]
+        (folder / "scores.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def test_figures_of_a_run_and_medians_over_rounds(tmp_path):
+    runs = [run_figures(write_run(tmp_path / f"r{k}", 10.0 + k, 20.0 + 2 * k), wall=36.0 + k) for k in range(3)]
+    assert runs[0]["item_runs"] == 4 and runs[0]["item_runs_per_hour"] == pytest.approx(400.0)
+    assert runs[0]["stages"]["seeded: greedy decoding"] == {"seconds": 20.0, "tokens": 500}
+    median = median_figures(runs)
+    assert median["wall_seconds"] == 37.0
+    assert median["stages"]["model: score candidate sets"] == {"seconds": 11.0, "tokens": 1000}
+    assert median["stages"]["seeded: greedy decoding"]["seconds"] == 22.0
+    assert median["tokens_vary_between_rounds"] == []
+    other = run_figures(write_run(tmp_path / "other", 10.0, 20.0, greedy_tokens=600), wall=36.0)
+    assert median_figures([runs[0], other])["tokens_vary_between_rounds"] == ["seeded: greedy decoding",
+                                                                             "model: greedy decoding"]
+
+
+def test_rows_agree_within_the_tolerance_and_any_other_difference_is_named(tmp_path):
+    base = write_run(tmp_path / "base", 10.0, 20.0)
+    close = compare_runs(write_run(tmp_path / "close", 9.0, 10.0, lp=-1.5 + 3e-5), base)
+    assert close["passed"] and close["max_abs"]["scores:lp"] == pytest.approx(3e-5)
+    assert close["n_values"]["scores:lp"] == 4
+    far = compare_runs(write_run(tmp_path / "far", 9.0, 10.0, lp=-1.5 + 2e-4), base)
+    assert not far["passed"]
+    text = compare_runs(write_run(tmp_path / "text", 9.0, 10.0, text="print(2)"), base)
+    assert not text["passed"] and len(text["mismatches"]) == 4
+    assert any(m.startswith("seeded/scores[0].greedy") for m in text["mismatches"])
+
+
+def test_the_printed_table_sets_the_versions_side_by_side(tmp_path):
+    base = [run_figures(write_run(tmp_path / "base", 10.0, 40.0), wall=72.0)]
+    new = [run_figures(write_run(tmp_path / "new", 10.0, 20.0, greedy_tokens=400), wall=36.0)]
+    result = {"date_utc": "now", "base": "A", "new": "B", "study_args": ["--limit", "1"], "rounds": 1,
+              "median": {"base": median_figures(base), "new": median_figures(new)},
+              "speedup_item_runs_per_hour": 2.0,
+              "speedup_per_stage": {"seeded: greedy decoding": 2.0}, "load_average_at_start": [0.0],
+              "load_average_at_end": [0.0],
+              "rows": [compare_runs(tmp_path / "new", tmp_path / "base")]}
+    text = render(result)
+    print(text)
+    assert "seeded: greedy decoding" in text and "2.00" in text and "rows agree" in text
