@@ -59,7 +59,7 @@ def study_work(folder: Path) -> dict:
 
 def count_sources(data_dir: Path, envs: Sequence[str]) -> dict[str, int]:
     """Source records per environment, read with the study's own loaders (seeded items are built from these)."""
-    from fastscore.study.envs import open_envs
+    from fastscore.study.data.envs import open_envs
 
     return {name: len(env.load_sources()) for name, env in open_envs(envs, Path(data_dir)).items()}
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from fastscore.errors import BenchmarkError, UnknownQuantError
-from fastscore.study.envs import ENVS
+from fastscore.study.data.envs import ENVS
 from fastscore.variants import VARIANTS
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from fastscore.records import CandidateSet, TokenRequest
-from fastscore.study.envs import ENVS
+from fastscore.study.data.envs import ENVS
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ def context_ids(scorer, candidate_set: CandidateSet) -> list[int]:
 def build_workload(data_dir: Path, items_per_env: int, envs: Sequence[str] = ENVS, seed: int = 0,
                    conditions: Sequence[str] | None = None) -> Workload:
     """`conditions`: a subset of the study's conditions (default all), e.g. for a quick smoke run."""
-    from fastscore.study.conditions import CONDITIONS, distinct, render_conditions
-    from fastscore.study.envs import items_for_envs, open_envs
+    from fastscore.study.data.conditions import CONDITIONS, distinct, render_conditions
+    from fastscore.study.data.envs import items_for_envs, open_envs
 
     conditions = tuple(conditions or CONDITIONS)
     opened = open_envs(envs, Path(data_dir))

@@ -20,7 +20,7 @@ from fastscore import cache
 from fastscore.registry import default_model
 from fastscore.resolve import Artefact, resolve
 from fastscore.scorer import Scorer
-from fastscore.study.datafile import default_data_dir
+from fastscore.study.data.datafile import default_data_dir
 from fastscore.tokenizer import Tokenizer
 
 EMBEDDED = default_model()

@@ -7,7 +7,7 @@ import os
 import shutil
 from typing import Iterator
 
-from fastscore.study.envs.mbpp.isolation import PYTHON_ENV, rlimits_problem
+from fastscore.study.data.envs.mbpp.isolation import PYTHON_ENV, rlimits_problem
 
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin")
 

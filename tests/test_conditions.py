@@ -7,9 +7,9 @@ import math
 import pytest
 
 from fastscore.records import CandidateSet, GreedyRequest, Message
-from fastscore.study.conditions import CONDITIONS, banned_candidate_lp, distinct, render_conditions
-from fastscore.study.envs import ENVS, open_envs
-from fastscore.study.metrics import candidate_probabilities
+from fastscore.study.data.conditions import CONDITIONS, banned_candidate_lp, distinct, render_conditions
+from fastscore.study.data.envs import ENVS, open_envs
+from fastscore.study.analysis.metrics import candidate_probabilities
 
 
 @pytest.fixture(scope="module")

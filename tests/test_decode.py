@@ -211,7 +211,7 @@ def _decode_with_rule(tok, script, rules, banned=None, max_new_tokens=40):
 def test_after_a_closed_program_one_more_token_decides_action_done(smollm_tokenizer):
     """(a) block + a token that is not a stop token: ACTION_DONE right there, where the rule-less decode rambles to
     its end-of-turn; the same script decoded without the rule in the same call is untouched."""
-    from fastscore.study.envs.mbpp.env import program_written
+    from fastscore.study.data.envs.mbpp.env import program_written
 
     tok = smollm_tokenizer
     ids, script = _program_script(tok, [_id(tok, "Ċ"), _id(tok, "This"), _id(tok, "Ġworks"), tok.end_of_turn_id])
@@ -226,7 +226,7 @@ def test_after_a_closed_program_one_more_token_decides_action_done(smollm_tokeni
 
 def test_a_closed_program_then_end_of_turn_is_end_of_turn(smollm_tokenizer):
     """(b) block + the stop token: the same END_OF_TURN completion as without the rule."""
-    from fastscore.study.envs.mbpp.env import program_written
+    from fastscore.study.data.envs.mbpp.env import program_written
 
     tok = smollm_tokenizer
     ids, script = _program_script(tok, [tok.end_of_turn_id])
@@ -237,7 +237,7 @@ def test_a_closed_program_then_end_of_turn_is_end_of_turn(smollm_tokenizer):
 def test_no_rule_never_stops_early_and_the_budget_still_binds(smollm_tokenizer):
     """(c) without a rule (the tools environment's case) a closed block is just text; with one, a budget reached
     before the block closes is MAX_TOKENS as before."""
-    from fastscore.study.envs.mbpp.env import program_written
+    from fastscore.study.data.envs.mbpp.env import program_written
 
     tok = smollm_tokenizer
     ids, script = _program_script(tok, [_id(tok, "Ċ"), _id(tok, "This"), tok.end_of_turn_id])
@@ -250,7 +250,7 @@ def test_no_rule_never_stops_early_and_the_budget_still_binds(smollm_tokenizer):
 def test_the_rule_waits_while_a_ban_can_still_act_so_the_banned_mass_is_unchanged(smollm_tokenizer):
     """Banned: the program itself. After it, whitespace keeps the text equal to the banned one, so the ban blocks
     end-of-turn again; decoding stops only once the ban cannot act any more, with the mass of decoding to the end."""
-    from fastscore.study.envs.mbpp.env import program_written
+    from fastscore.study.data.envs.mbpp.env import program_written
 
     tok = smollm_tokenizer
     tail = [_id(tok, "Ċ"), _id(tok, "Ċ"), _id(tok, "This"), _id(tok, "Ġworks"), tok.end_of_turn_id]

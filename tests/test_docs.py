@@ -234,7 +234,7 @@ def test_the_checker_refuses_what_the_cli_refuses() -> None:
     check_shell("fastscore models list && fastscore --version; make test-all")
     check_shell("fastscore sweep --ray")  # prose naming an option that takes a value
     check_shell("fastscore-lm-eval --model fastscore --model_args backend=llamacpp --tasks t")  # not our command
-    check_shell("CI=true nice -n 10 .venv/bin/python -m fastscore.study.caps --help")
+    check_shell("CI=true nice -n 10 .venv/bin/python -m fastscore.study.data.caps --help")
     refused = {
         "fastscore score requests.jsonl --out s.jsonl --no-such-option 3": "No such option '--no-such-option'",
         "fastscore score requests.jsonl --out s.jsonl --resume --on-error skip --thread 2": "No such option '--thread'",

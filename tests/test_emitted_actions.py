@@ -49,7 +49,7 @@ def test_an_emitted_continuation_is_scored_as_its_ids_right_after_the_decoding_c
 
 
 def test_the_emitted_action_ends_where_the_harness_cut_it(smollm_tokenizer):
-    from fastscore.study.onpolicy import emitted_action
+    from fastscore.study.stages.onpolicy import emitted_action
 
     ids = tuple(smollm_tokenizer.encode("one two three four five").ids)
     attempt = lambda stop: GreedyResult("a", smollm_tokenizer.decode(ids), ids, stop)  # noqa: E731
@@ -71,7 +71,7 @@ class _Judged:
 def _words_env(data_dir, judged: _Judged):
     """The tools environment whose harness cuts an answer once it has written WORDS words (the tiny random model
     never ends its turn), and whose semantic repeat judge is recorded."""
-    from fastscore.study.envs.tools.env import ToolsEnv
+    from fastscore.study.data.envs.tools.env import ToolsEnv
 
     class WordsEnv(ToolsEnv):
         def action_done(self):
@@ -88,12 +88,12 @@ def _words_env(data_dir, judged: _Judged):
 def test_on_policy_actions_are_scored_as_emitted_under_every_condition_and_retries_judged_in_meaning(
         tiny_model, study_data, tmp_path):
     from fastscore.selection import ModelSelection
-    from fastscore.study.conditions import CONDITIONS, render_conditions
-    from fastscore.study.onpolicy import ModelFailureBuilder
-    from fastscore.study.score_row import read_score_rows
+    from fastscore.study.data.conditions import CONDITIONS, render_conditions
+    from fastscore.study.stages.onpolicy import ModelFailureBuilder
+    from fastscore.study.data.score_row import read_score_rows
     from fastscore.study.stages.decode import DecodePlan, greedy_stage
     from fastscore.study.stages.score import score_stage
-    from fastscore.study.store import StudyStore
+    from fastscore.study.stages.store import StudyStore
 
     judged = _Judged()
     env = _words_env(study_data, judged)

@@ -35,7 +35,7 @@ def work_started(monkeypatch):
     import fastscore.score_run as score_run
     import fastscore.selection as selection
     import fastscore.study.quantcheck.run as quant_run
-    import fastscore.study.report_html as report_html
+    import fastscore.study.report.html as report_html
     import fastscore.study.runner as runner
     import fastscore.sweep.run as sweep_run
 

@@ -12,12 +12,12 @@ from scorer_helpers import CountingFakeBackend, ScriptedDecoder
 from test_mbpp_env import TASKS, write_tasks
 
 from fastscore.scorer import Scorer
-from fastscore.study.conditions import render_conditions
-from fastscore.study.envs.mbpp.env import MbppEnv, build_items
-from fastscore.study.metrics import read_score_rows
+from fastscore.study.data.conditions import render_conditions
+from fastscore.study.data.envs.mbpp.env import MbppEnv, build_items
+from fastscore.study.analysis.metrics import read_score_rows
 from fastscore.study.stages.decode import DecodePlan, greedy_budget, greedy_stage
 from fastscore.study.stages.score import score_stage
-from fastscore.study.store import StudyStore
+from fastscore.study.stages.store import StudyStore
 
 SEED = 3
 CAP = 256

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fastscore.study.hygiene import REDACTED, check_description, quoted, redact
+from fastscore.study.data.hygiene import REDACTED, check_description, quoted, redact
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_mbpp_env import TASKS, write_tasks  # noqa: E402
@@ -54,15 +54,15 @@ def test_a_substring_the_marker_contains_cannot_be_redacted_and_the_guard_still_
 
 @pytest.fixture()
 def mbpp_source(tmp_path):
-    from fastscore.study.envs.mbpp.env import load_sources
+    from fastscore.study.data.envs.mbpp.env import load_sources
 
     data_dir = write_tasks(tmp_path / "mbpp", TASKS)
     return next(s for s in load_sources(data_dir) if s.task_id == 12)  # count_evens(xs)
 
 
 def test_an_mbpp_model_program_whose_names_the_outline_would_quote_is_kept_redacted(mbpp_source):
-    from fastscore.study.envs.mbpp.describe import describe_failure
-    from fastscore.study.envs.mbpp.env import SYSTEM_PROMPT, evaluate, format_program, item_from_failure
+    from fastscore.study.data.envs.mbpp.describe import describe_failure
+    from fastscore.study.data.envs.mbpp.env import SYSTEM_PROMPT, evaluate, format_program, item_from_failure
 
     # The model's own names: a parameter `nums` (the outline names it) and an undefined `total` (the error names it).
     answer = "```python\ndef count_evens(nums):\n    return total\n```"
@@ -95,8 +95,8 @@ def _tools_data(tmp_path: Path) -> Path:
 
 
 def test_a_tools_answer_in_prose_keeps_the_words_the_description_always_uses(tmp_path):
-    from fastscore.study.envs.tools.describe import WORDING
-    from fastscore.study.envs.tools.env import ToolsEnv, system_prompt
+    from fastscore.study.data.envs.tools.describe import WORDING
+    from fastscore.study.data.envs.tools.env import ToolsEnv, system_prompt
 
     env = ToolsEnv(_tools_data(tmp_path))
     # Prose that shares "Your" and "not" with the runtime's fixed wording: those are not quotes of it, and redacting
@@ -114,7 +114,7 @@ def test_a_tools_answer_in_prose_keeps_the_words_the_description_always_uses(tmp
 
 
 def test_a_name_the_model_made_up_is_redacted_even_beside_template_words():
-    from fastscore.study.envs.tools.describe import WORDING
+    from fastscore.study.data.envs.tools.describe import WORDING
 
     assert {"not", "call", "Your", "previous"} <= WORDING and "describe_failure" in WORDING  # string constants
     assert "Runtime-generated" not in WORDING  # the module docstring is not wording
@@ -125,14 +125,14 @@ def test_a_name_the_model_made_up_is_redacted_even_beside_template_words():
 
 
 def test_seeded_items_record_their_redaction_count(tmp_path):
-    from fastscore.study.envs.mbpp.env import build_items
-    from fastscore.study.envs.tools.env import build_items as tools_items
+    from fastscore.study.data.envs.mbpp.env import build_items
+    from fastscore.study.data.envs.tools.env import build_items as tools_items
 
     items, _ = build_items(write_tasks(tmp_path / "m", TASKS), limit=10, seed=3)
     items += tools_items(_tools_data(tmp_path / "t"), None, 0)[0]
     assert items and all(isinstance(i.meta["description_redacted"], int) for i in items)
-    from fastscore.study.envs.mbpp.describe import WORDING as MBPP
-    from fastscore.study.envs.tools.describe import WORDING as TOOLS
+    from fastscore.study.data.envs.mbpp.describe import WORDING as MBPP
+    from fastscore.study.data.envs.tools.describe import WORDING as TOOLS
 
     for item in items:
         wording = TOOLS if item.env == "tools" else MBPP
@@ -141,7 +141,7 @@ def test_seeded_items_record_their_redaction_count(tmp_path):
 
 
 def _item(env: str, i: int, redacted: int | None):
-    from fastscore.study.items import Item
+    from fastscore.study.data.items import Item
 
     return Item(env=env, item_id=f"{env}-{i}", source_id=str(i), system="s", task="t", failed_action="a",
                 error_message="e", failure_kind="k", correct_actions=("b",), candidates=("a", "b"), description="d",
@@ -151,10 +151,10 @@ def _item(env: str, i: int, redacted: int | None):
 def test_the_report_and_summary_count_redacted_descriptions_per_environment_and_source(tmp_path):
     from test_report import META, study_rows
 
-    from fastscore.study.metrics import summarize
-    from fastscore.study.redactions import attach_redactions, redaction_counts
-    from fastscore.study.report import write_report
-    from fastscore.study.report_control import sources_report
+    from fastscore.study.analysis.metrics import summarize
+    from fastscore.study.analysis.redactions import attach_redactions, redaction_counts
+    from fastscore.study.report.document import write_report
+    from fastscore.study.report.control import sources_report
 
     items = [_item("mbpp", i, 2 if i < 3 else 0) for i in range(25)] + [_item("tools", i, 0) for i in range(25)]
     summary = summarize(study_rows(shift=3.0), seed=11, n_boot=50)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from fastscore.errors import DataError
-from fastscore.study.items import Item, Skipped
+from fastscore.study.data.items import Item, Skipped
 from fastscore.records import Message
-from fastscore.study.conditions import record_messages
-from fastscore.study.envs.mbpp.env import (
+from fastscore.study.data.conditions import record_messages
+from fastscore.study.data.envs.mbpp.env import (
     MbppEnv,
     build_items,
     evaluate,
@@ -24,8 +24,8 @@ from fastscore.study.envs.mbpp.env import (
     item_from_failure,
     load_sources,
 )
-from fastscore.study.envs.mbpp.mutations import KINDS, all_mutants
-from fastscore.study.envs.mbpp.sandbox import use_isolation
+from fastscore.study.data.envs.mbpp.mutations import KINDS, all_mutants
+from fastscore.study.data.envs.mbpp.sandbox import use_isolation
 from sandbox_helpers import rlimits_python
 
 FENCED = re.compile(r"\A```python\n(?:[^\n]*[^\s\n][^\n]*\n|\n)*```\Z")
@@ -257,8 +257,8 @@ def test_items_are_the_same_under_either_isolation(synthetic):
 def test_a_closed_python_block_fixes_the_program_whatever_follows(tmp_path):
     """The MBPP stop rule: once program_written holds for a prefix of an answer, it holds for every longer prefix
     and the program extracted from it is the whole answer's."""
-    from fastscore.study.envs.mbpp.env import program_written
-    from fastscore.study.envs.tools.env import ToolsEnv
+    from fastscore.study.data.envs.mbpp.env import program_written
+    from fastscore.study.data.envs.tools.env import ToolsEnv
 
     answers = [
         "Sure:\n```text\nnot code\n```\n```py\ndef f(x):\n    return x\n```\nThen:\n```python\nother = 1\n```\nok",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastscore.errors import DataError
-from fastscore.study.metrics import (
+from fastscore.study.analysis.metrics import (
     CONDITIONS,
     ScoreRow,
     bootstrap_ci,
@@ -219,7 +219,7 @@ def test_full_summary_covers_every_condition_and_is_json_safe():
 
 
 def test_wilson_intervals_match_hand_values_and_replace_the_bootstrap_for_shares():
-    from fastscore.study.metrics_stats import wilson_interval
+    from fastscore.study.analysis.stats import wilson_interval
 
     # Hand values (z = 1.95996): 20/20 -> [0.8389, 1]; 2/20 -> [0.0279, 0.3010]; 0/20 -> [0, 0.1611].
     assert wilson_interval(20, 20) == pytest.approx((0.83887, 1.0), abs=1e-5)

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from fastscore.study.metrics import ScoreRow, summarize
-from fastscore.study.metrics_label import tie_verdict
-from fastscore.study.metrics_power import (
+from fastscore.study.analysis.metrics import ScoreRow, summarize
+from fastscore.study.analysis.label import tie_verdict
+from fastscore.study.analysis.power import (
     min_detectable_effect, n_needed, paired_se, power_multiplier, saturation,
 )
 
@@ -149,7 +149,7 @@ def test_actions_cut_by_the_harness_are_scored_without_the_end_of_turn_they_neve
     fs = summary["label"]["label_effect"]["after-success"]["shown"]["per_call"]["mean"]
     assert fs == pytest.approx((0.2 + 1.1) / 2)
     assert "as_cut" not in summarize(crafted(), seed=0, n_boot=50)["tools"]  # seeded: nothing was cut
-    from fastscore.study.report import write_report
+    from fastscore.study.report.document import write_report
 
     text = write_report({"mbpp": summary}, tmp_path, {}).read_text()
     assert "Scored up to the harness's cut: 1 of 2 of the model's attempts did not end their turn" in text
@@ -174,7 +174,7 @@ def test_showing_the_action_is_contrasted_with_describing_it():
 
 
 def test_the_failure_vs_success_answer_needs_a_ci_and_enough_items():
-    from fastscore.study.report_label import failure_vs_success_answer
+    from fastscore.study.report.label import failure_vs_success_answer
 
     def label(lo, hi, n):
         est = {"mean": (lo + hi) / 2, "lo": lo, "hi": hi, "n": n, "mde": 1.5, "n_needed": 40}

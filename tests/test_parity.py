@@ -1,6 +1,6 @@
 """Cross-backend parity through the Scorer: every fast backend against the transformers fp32 reference.
 
-Requests are real study items: three BFCL tool-call items (fastscore.study.envs.tools.env, seed 0), each scored under
+Requests are real study items: three BFCL tool-call items (fastscore.study.data.envs.tools.env, seed 0), each scored under
 `before` (system + user) and `after` (+ the failed call + the runtime's error), four candidate calls each: 24
 sequences. The corrective gain of a candidate is G = lp(before) - lp(after).
 
@@ -35,8 +35,8 @@ from fastscore.registry import default_model
 from fastscore.requests_io import read_requests
 from fastscore.scorer import Scorer
 from fastscore.selection import ModelSelection
-from fastscore.study.conditions import render_conditions
-from fastscore.study.envs.tools.env import ToolsEnv
+from fastscore.study.data.conditions import render_conditions
+from fastscore.study.data.envs.tools.env import ToolsEnv
 from fastscore.variants import BATCH_INVARIANCE_TOL
 
 pytest.importorskip("llama_cpp")

@@ -1,4 +1,4 @@
-"""The failure's prior (fastscore.study.prior, report_prior): the source gap raw and at equal prior, bins of the prior,
+"""The failure's prior (fastscore.study.analysis.prior, report_prior): the source gap raw and at equal prior, bins of the prior,
 small-n cells, and the section in the report of a run over both failure sources. Crafted inputs, pure numpy."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from fastscore.study.metrics import ScoreRow, candidate_probabilities
-from fastscore.study.prior import (
+from fastscore.study.analysis.metrics import ScoreRow, candidate_probabilities
+from fastscore.study.analysis.prior import (
     MODEL, NOT_APPLICABLE, POOLED, SEEDED, PriorItems, fit, prior_items, prior_of_run, prior_summary, tercile_edges,
 )
-from fastscore.study.report_prior import HEADING, SUMMARY_KEY, prior_reading, prior_section
+from fastscore.study.report.prior import HEADING, SUMMARY_KEY, prior_reading, prior_section
 
 A, B, C = -0.2, 0.5, 0.3  # G/token = A + B * prior + C * on_policy, exactly
 
@@ -122,10 +122,10 @@ def test_items_come_from_score_rows_with_the_study_s_sign_of_g():
 def test_the_report_of_a_run_over_both_sources_has_the_section_and_summary_json_its_key(tmp_path):
     from test_report import study_rows
 
-    from fastscore.study.metrics import summarize
+    from fastscore.study.analysis.metrics import summarize
     from fastscore.study.runner import StudyConfig, StudyOutcome
     from fastscore.study.sources import combine_sources
-    from fastscore.study.store import SCORES_FILE
+    from fastscore.study.stages.store import SCORES_FILE
 
     rng = np.random.default_rng(5)
     for source, (lo, hi, offset) in {SEEDED: (-3.0, -0.6, 0.0), MODEL: (-1.2, -0.05, 0.9)}.items():
@@ -159,7 +159,7 @@ def test_the_report_of_a_run_over_both_sources_has_the_section_and_summary_json_
 
 
 def test_the_scoring_stage_s_log_probs_give_the_same_items_as_the_score_rows(tmp_path):
-    from fastscore.study.prior import rows_from_logprobs
+    from fastscore.study.analysis.prior import rows_from_logprobs
 
     rows = _rows("tools", "t0", before=-12.0, after=-6.0, n=4) + _rows("mbpp", "m0", before=-2.0, after=-3.0, n=2)
     records = {}

@@ -22,7 +22,7 @@ from fastscore.study.quantcheck.stats import (
     sign_of_mean_statement,
     spearman,
 )
-from fastscore.study.metrics_stats import resample_indices
+from fastscore.study.analysis.stats import resample_indices
 
 G_REF = [1.0, -1.0, 0.2, -3.0]
 G_VAR = [0.5, 1.0, -0.1, -2.0]

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fastscore.errors import DataError
-from fastscore.study.readme_table import (
+from fastscore.study.report.readme_table import (
     BEGIN, CLAIMS, END, NOT_MEASURABLE, NOT_REPRODUCED, REPRODUCED, drifted, extract_block, main, replace_block,
     study_table, verdict,
 )
@@ -84,7 +84,7 @@ def test_missing_or_misordered_markers_are_refused(bad):
 
 
 def test_every_claim_finds_its_estimate_in_a_real_summary():
-    from fastscore.study.metrics import summarize
+    from fastscore.study.analysis.metrics import summarize
     from test_metrics import crafted_study
 
     text = study_table(summarize(crafted_study(), seed=0, n_boot=100))

@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from fastscore.study.metrics import CONDITIONS, ScoreRow, candidate_probabilities, summarize
-from fastscore.study.plots import PLOT_FILES, write_plots
-from fastscore.study.report import write_report
+from fastscore.study.analysis.metrics import CONDITIONS, ScoreRow, candidate_probabilities, summarize
+from fastscore.study.report.plots import PLOT_FILES, write_plots
+from fastscore.study.report.document import write_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 META = {
@@ -158,7 +158,7 @@ def test_unstable_ratio_is_flagged_in_the_report(tmp_path):
 def test_clean_retry_share_is_wilson_over_all_samples_and_fixed_cells_are_not_applicable(tmp_path):
     from dataclasses import replace
 
-    from fastscore.study.metrics_stats import wilson_interval
+    from fastscore.study.analysis.stats import wilson_interval
 
     # On-policy rows: 8 sampled retries per item from the clean context, one repeat among all 25 * 8 = 200 samples.
     # Judged in meaning, 3 of each of the first 5 items' samples repeat (other spellings of the same call).
@@ -182,7 +182,7 @@ def test_clean_retry_share_is_wilson_over_all_samples_and_fixed_cells_are_not_ap
 
 
 def test_the_cut_rate_of_the_models_attempts_is_reported_per_environment(tmp_path):
-    from fastscore.study.onpolicy import CUT_AT_CAP
+    from fastscore.study.stages.onpolicy import CUT_AT_CAP
 
     summary = summarize([r for r in study_rows(shift=2.0, n=6) if r.env == "tools"], seed=0, n_boot=50)
     skipped = {"tools": {CUT_AT_CAP: 9, "the model's own attempt succeeded": 3, "too few distinct candidates": 4}}

@@ -12,9 +12,9 @@ from dataclasses import asdict
 import pytest
 
 from fastscore.selection import ModelSelection
-from fastscore.study.envs import items_for_envs, open_envs
-from fastscore.study.report_html import TOKENS_FILE, build_report_html, write_token_changes
-from fastscore.study.report_html_summary import BACKFIRE_RGB, CORRECTED_RGB
+from fastscore.study.data.envs import items_for_envs, open_envs
+from fastscore.study.report.html import TOKENS_FILE, build_report_html, write_token_changes
+from fastscore.study.report.html_summary import BACKFIRE_RGB, CORRECTED_RGB
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]

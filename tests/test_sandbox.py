@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from fastscore.errors import SandboxUnavailableError
-from fastscore.study.envs.mbpp import cgroups
-from fastscore.study.envs.mbpp.isolation import bwrap_problem
-from fastscore.study.envs.mbpp.sandbox import RunOutcome, RunRequest, SandboxLimits, run_many, run_program
+from fastscore.study.data.envs.mbpp import cgroups
+from fastscore.study.data.envs.mbpp.isolation import bwrap_problem
+from fastscore.study.data.envs.mbpp.sandbox import RunOutcome, RunRequest, SandboxLimits, run_many, run_program
 from sandbox_helpers import SYSTEM_PYTHON, rlimits_python
 
 FAST = SandboxLimits(timeout_s=2.0)
@@ -335,7 +335,7 @@ def test_escape_probes_are_denied_when_the_caller_is_a_normal_user(isolation):
     # The package's __init__ needs numpy, absent from the system python: the sandbox modules alone, as a package.
     script = "import json, sys, types\nsys.modules['fastscore'] = types.ModuleType('fastscore')\n" \
         f"sys.modules['fastscore'].__path__ = [{str(Path(__file__).parents[1] / 'fastscore')!r}]\n" \
-        "from fastscore.study.envs.mbpp.sandbox import run_program\n" \
+        "from fastscore.study.data.envs.mbpp.sandbox import run_program\n" \
         f"o = run_program(sys.stdin.read(), ['assert 1 == 1'], isolation={isolation!r})\nprint(json.dumps(o.message))"
     as_nobody = dict(user=65534, group=65534, extra_groups=[], env={"PATH": "/usr/bin:/bin"}, cwd="/")
     done = subprocess.run([SYSTEM_PYTHON, "-S", "-c", script], input=PROBE, capture_output=True, text=True,
@@ -432,7 +432,7 @@ def test_cpu_time_limit_stops_a_busy_loop_before_the_wall_timeout(isolation):
 
 
 def test_a_mutant_is_judged_by_cpu_time_so_machine_load_cannot_change_its_verdict():
-    from fastscore.study.envs.mbpp.env import MUTANT_LIMITS
+    from fastscore.study.data.envs.mbpp.env import MUTANT_LIMITS
 
     outcome = run("while True:\n    pass", limits=MUTANT_LIMITS)
     assert outcome.message == f"Timeout: the tests used more than {MUTANT_LIMITS.cpu_seconds} s of CPU time"
@@ -517,8 +517,8 @@ def test_plain_values_survive_the_channel_exactly():
     import json
     from collections import OrderedDict
 
-    from fastscore.study.envs.mbpp.harness import encode
-    from fastscore.study.envs.mbpp.verdict import decode
+    from fastscore.study.data.envs.mbpp.harness import encode
+    from fastscore.study.data.envs.mbpp.verdict import decode
 
     values = [None, True, 0, -7, 10**5000, 2.5, float("inf"), 1 + 2j, "é\n", b"\x00\xff", bytearray(b"ab"), [1, [2]],
               (1, (2, 3)), {"a": (1, 2), (1, 2): [3]}, {1, 2}, frozenset({(1, "x")}), OrderedDict(b=1)]  # fmt: skip
@@ -529,7 +529,7 @@ def test_plain_values_survive_the_channel_exactly():
 
 
 def test_values_that_are_not_plain_data_are_refused():
-    from fastscore.study.envs.mbpp.harness import Unreportable, encode
+    from fastscore.study.data.envs.mbpp.harness import Unreportable, encode
 
     nested: list = []
     nested.append(nested)
@@ -539,7 +539,7 @@ def test_values_that_are_not_plain_data_are_refused():
 
 
 def test_forged_records_are_malformed_not_values():
-    from fastscore.study.envs.mbpp.verdict import MalformedRecord, decode, read_record
+    from fastscore.study.data.envs.mbpp.verdict import MalformedRecord, decode, read_record
 
     for data in ({"tuple": 5}, {"set": [[1]]}, {"x": 1}, {"tuple": [], "set": []}, {"dict": [[1]]}, {"bytes": "zz"}):
         with pytest.raises(MalformedRecord):
@@ -550,7 +550,7 @@ def test_forged_records_are_malformed_not_values():
 
 
 def test_which_tests_are_judged_by_value():
-    from fastscore.study.envs.mbpp.verdict import plan_test
+    from fastscore.study.data.envs.mbpp.verdict import plan_test
 
     assert plan_test("assert f(1) == [1, (2,)]").expected == [1, (2,)]
     assert plan_test("assert set(f(x)) == set([(1, 2)])").expr == "set(f(x))"
@@ -587,7 +587,7 @@ def run_filter(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
 def test_the_seccomp_filter_of_each_architecture(machine, arch, nrs):
     """The probes run the native filter; this reads both filters' verdicts, aarch64's included, instruction by
     instruction."""
-    from fastscore.study.envs.mbpp.seccomp import filter_program
+    from fastscore.study.data.envs.mbpp.seccomp import filter_program
 
     program = filter_program(machine)
     allow, eperm, enosys = 0x7FFF0000, 0x00050001, 0x00050026

@@ -135,7 +135,7 @@ def test_bench_scale_records_each_step_once_with_its_memory(tiny_model, study_da
 
 def test_projection_reads_the_study_stage_table_as_the_study_writes_it(tmp_path):
     from fastscore.bench import projection
-    from fastscore.study.report import _stage_timings
+    from fastscore.study.report.document import _stage_timings
 
     seconds = {"load model": 1.0, "build items": 0.0, "score candidate sets": 100.0, "greedy decoding": 50.0}
     tokens = {"build items": 0, "score candidate sets": 4000, "greedy decoding": 1000}

@@ -14,7 +14,7 @@ from scorer_helpers import CountingFakeBackend, copy_tokenizer, rename_special_t
 from fastscore import cache
 from fastscore.errors import ArtefactUnavailableError
 from fastscore.scorer import Scorer
-from fastscore.study.sensitivity import NO_TOOLS_TEMPLATE, NOT_APPLICABLE, check_requests, summarize_sensitivity
+from fastscore.study.analysis.sensitivity import NO_TOOLS_TEMPLATE, NOT_APPLICABLE, check_requests, summarize_sensitivity
 from fastscore.tokenizer import Tokenizer
 
 # Each tiny architecture with the real template of a model of its family.
@@ -56,7 +56,7 @@ def tiny_with_template(tiny_model, real_template):
 
 @pytest.fixture(scope="module")
 def tools_env(study_data):
-    from fastscore.study.envs.tools.env import ToolsEnv
+    from fastscore.study.data.envs.tools.env import ToolsEnv
 
     return ToolsEnv(study_data)
 

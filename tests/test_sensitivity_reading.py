@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from fastscore.study.report_sensitivity import sensitivity_section
-from fastscore.study.sensitivity import NO_TOOLS_TEMPLATE, NOT_APPLICABLE, summarize_sensitivity
+from fastscore.study.report.sensitivity import sensitivity_section
+from fastscore.study.analysis.sensitivity import NO_TOOLS_TEMPLATE, NOT_APPLICABLE, summarize_sensitivity
 
 
 def _est(mean, lo, hi, n=12, **extra):

@@ -1,13 +1,13 @@
-"""Token caps from the data (fastscore.study.caps) and the reference answers the environments give it."""
+"""Token caps from the data (fastscore.study.data.caps) and the reference answers the environments give it."""
 
 from __future__ import annotations
 
 import pytest
 
 from fastscore.errors import DataError
-from fastscore.study.caps import cut_share, data_cap
-from fastscore.study.envs.mbpp.env import MbppEnv, format_program
-from fastscore.study.envs.tools.env import ToolsEnv
+from fastscore.study.data.caps import cut_share, data_cap
+from fastscore.study.data.envs.mbpp.env import MbppEnv, format_program
+from fastscore.study.data.envs.tools.env import ToolsEnv
 
 
 def test_cap_is_the_percentile_plus_a_margin():

@@ -3,7 +3,7 @@ items, so the bar's count (and so its ETA) covers every stage still to come."""
 
 from __future__ import annotations
 
-from fastscore.study.progress import RunProgress, SourcePlan
+from fastscore.study.stages.progress import RunProgress, SourcePlan
 
 SEEDED = SourcePlan(builds_items=False, sensitivity=False)
 ON_POLICY = SourcePlan(builds_items=True, sensitivity=True)

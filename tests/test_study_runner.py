@@ -18,10 +18,10 @@ from click.testing import CliRunner
 
 from fastscore.cli import main
 from fastscore.errors import DataError, ResumeConfigError
-from fastscore.study.metrics import CONDITIONS, read_score_rows
-from fastscore.study.plots import PLOT_FILES
+from fastscore.study.analysis.metrics import CONDITIONS, read_score_rows
+from fastscore.study.report.plots import PLOT_FILES
 from fastscore.study.runner import StudyConfig, run_study
-from fastscore.study.store import AppendLog, StudyStore
+from fastscore.study.stages.store import AppendLog, StudyStore
 
 LIMIT = 1
 SEED = 43  # its first items are short (about 1,600 tokens to score in all), which keeps the runs quick
@@ -217,8 +217,8 @@ def test_model_failures_are_the_models_own_greedy_attempts(tmp_path, data_dir):
 
 def test_an_item_too_long_for_the_model_is_recorded_and_the_run_goes_on(tmp_path, data_dir):
     from fastscore.selection import ModelSelection
-    from fastscore.study.envs import open_envs
-    from fastscore.study.report import skipped_counts
+    from fastscore.study.data.envs import open_envs
+    from fastscore.study.report.document import skipped_counts
     from fastscore.study.stages.decode import DecodePlan, greedy_stage
     from fastscore.study.stages.score import score_stage
 
@@ -277,9 +277,9 @@ def test_store_refuses_resume_with_other_settings_and_fresh_runs_clear_results(t
 
 
 def test_a_study_without_isolation_says_so_in_its_report(baseline, data_dir, tmp_path):
-    from fastscore.study.envs.mbpp.isolation import NOT_ISOLATED_NOTE as note
-    from fastscore.study.report import write_report
-    from fastscore.study.report import report_meta
+    from fastscore.study.data.envs.mbpp.isolation import NOT_ISOLATED_NOTE as note
+    from fastscore.study.report.document import write_report
+    from fastscore.study.report.document import report_meta
 
     assert note not in (baseline / "report.md").read_text()  # the default sandbox is bubblewrap
     for config, said in ((_config(tmp_path, data_dir, sandbox="rlimits"), True), (_config(tmp_path, data_dir), False),
@@ -292,7 +292,7 @@ def test_a_study_without_isolation_says_so_in_its_report(baseline, data_dir, tmp
 
 def test_a_study_needing_bubblewrap_where_it_is_missing_stops_before_loading_a_model(data_dir, tmp_path, monkeypatch):
     from fastscore.errors import SandboxUnavailableError
-    from fastscore.study.envs.mbpp.isolation import bwrap_problem
+    from fastscore.study.data.envs.mbpp.isolation import bwrap_problem
 
     monkeypatch.setenv("PATH", "/nonexistent")
     bwrap_problem.cache_clear()
@@ -306,7 +306,7 @@ def test_a_study_needing_bubblewrap_where_it_is_missing_stops_before_loading_a_m
 
 
 def test_the_default_data_folder_does_not_depend_on_the_working_directory(tmp_path, monkeypatch):
-    from fastscore.study.datafile import default_data_dir
+    from fastscore.study.data.datafile import default_data_dir
 
     monkeypatch.delenv("FASTSCORE_DATA", raising=False)
     here = default_data_dir()

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from fastscore.cli import main
 from fastscore.outputs import OutDirLock
-from fastscore.study.store import AppendLog
+from fastscore.study.stages.store import AppendLog
 
 DATA = Path(os.environ.get("FASTSCORE_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 PREVIOUS = {"config.json": '{"model": "previous"}\n', "logprobs.jsonl": '{"item_id": "x"}\n',

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from fastscore.study.envs.base import Outcome
-from fastscore.study.envs.mbpp.env import MbppEnv
-from fastscore.study.envs.tools.env import ToolsEnv
-from fastscore.study.envs.tools.runtime import same_call
-from fastscore.study.items import Item
+from fastscore.study.data.envs.base import Outcome
+from fastscore.study.data.envs.mbpp.env import MbppEnv
+from fastscore.study.data.envs.tools.env import ToolsEnv
+from fastscore.study.data.envs.tools.runtime import same_call
+from fastscore.study.data.items import Item
 
 
 def item(env: str, failed: str) -> Item:

@@ -11,13 +11,13 @@ from scorer_helpers import CountingFakeBackend
 
 from fastscore.records import GreedyRequest, Message
 from fastscore.scorer import Scorer
-from fastscore.study.hygiene import quoted
+from fastscore.study.data.hygiene import quoted
 
 SEED = 43
 
 
 def test_tools_descriptions_quote_neither_the_failed_call_nor_a_name_it_made_up_on_every_item(study_data):
-    from fastscore.study.envs.tools.env import build_items, system_prompt  # noqa: F401
+    from fastscore.study.data.envs.tools.env import build_items, system_prompt  # noqa: F401
 
     items, skipped = build_items(study_data, None, 0)
     assert len(items) > 500
@@ -32,8 +32,8 @@ def test_tools_descriptions_quote_neither_the_failed_call_nor_a_name_it_made_up_
 
 
 def test_mbpp_descriptions_quote_no_changed_line_and_add_no_instruction(study_data):
-    from fastscore.study.envs.mbpp.env import build_items
-    from fastscore.study.envs.mbpp.sandbox import use_isolation
+    from fastscore.study.data.envs.mbpp.env import build_items
+    from fastscore.study.data.envs.mbpp.sandbox import use_isolation
 
     with use_isolation("bwrap"):
         items, skipped = build_items(study_data, 40, 0)
@@ -55,8 +55,8 @@ def test_hygiene_finds_a_quoted_typo_and_a_changed_line():
 
 
 def test_a_degenerate_attempt_is_kept_with_a_redacted_description_and_an_accepted_one_excluded_not_a_crash(study_data):
-    from fastscore.study.envs.tools.env import ToolsEnv, system_prompt
-    from fastscore.study.hygiene import REDACTED
+    from fastscore.study.data.envs.tools.env import ToolsEnv, system_prompt
+    from fastscore.study.data.hygiene import REDACTED
 
     env = ToolsEnv(study_data)
     item = env.build_items(1, SEED)[0][0]
@@ -77,8 +77,8 @@ def test_a_degenerate_attempt_is_kept_with_a_redacted_description_and_an_accepte
 
 def test_an_attempt_cut_off_at_the_token_cap_is_skipped_with_its_reason(study_data):
     from fastscore.selection import ModelSelection
-    from fastscore.study.envs.tools.env import ToolsEnv
-    from fastscore.study.onpolicy import ModelFailureBuilder
+    from fastscore.study.data.envs.tools.env import ToolsEnv
+    from fastscore.study.stages.onpolicy import ModelFailureBuilder
 
     env = ToolsEnv(study_data)
     seeded = env.build_items(2, SEED)[0]
@@ -93,8 +93,8 @@ def test_mbpp_attempts_stop_after_the_program_and_make_the_items_a_decode_to_the
     """The action_done rule only cuts what follows the program: on the exact type, the attempts make the same items
     and skip the same sources for the same reasons as the same attempts decoded to the cap."""
     from fastscore.selection import ModelSelection
-    from fastscore.study.envs.mbpp.env import MbppEnv, extract_program
-    from fastscore.study.onpolicy import ModelFailureBuilder
+    from fastscore.study.data.envs.mbpp.env import MbppEnv, extract_program
+    from fastscore.study.stages.onpolicy import ModelFailureBuilder
 
     class ToTheCap(MbppEnv):
         def action_done(self):
@@ -160,8 +160,8 @@ def test_sampling_is_seeded_batch_independent_and_follows_the_softmax(smollm_tok
 def test_the_argmax_chain_agrees_with_real_greedy_decoding_on_the_exact_type(study_data):
     """On llama.cpp f32 (exact), a candidate's scored tokens are all argmax exactly when greedy decoding emits it."""
     from fastscore.selection import ModelSelection
-    from fastscore.study.conditions import distinct, render_conditions
-    from fastscore.study.envs import open_envs
+    from fastscore.study.data.conditions import distinct, render_conditions
+    from fastscore.study.data.envs import open_envs
     from fastscore.study.stages.decode import chain_completion, greedy_budget
     from fastscore.study.stages.score import _set_record
 
@@ -209,8 +209,8 @@ def test_limit_all_is_accepted_and_a_bad_limit_is_a_usage_error(tmp_path):
 
 
 def test_an_mbpp_attempt_with_a_closed_program_is_finished_even_if_the_model_talked_on(tmp_path):
-    from fastscore.study.envs.mbpp.env import MbppEnv
-    from fastscore.study.envs.tools.env import ToolsEnv
+    from fastscore.study.data.envs.mbpp.env import MbppEnv
+    from fastscore.study.data.envs.tools.env import ToolsEnv
 
     mbpp, tools = MbppEnv(tmp_path), ToolsEnv(tmp_path)
     assert mbpp.finished_action("```python\ndef f():\n    return 1\n```\nThis works because", "max_tokens")
@@ -222,8 +222,8 @@ def test_an_mbpp_attempt_with_a_closed_program_is_finished_even_if_the_model_tal
 def test_both_failure_sources_are_reported_side_by_side(tmp_path):
     from test_report import study_rows
 
-    from fastscore.study.metrics import summarize
-    from fastscore.study.report import headline
+    from fastscore.study.analysis.metrics import summarize
+    from fastscore.study.report.document import headline
     from fastscore.study.runner import StudyConfig, StudyOutcome
     from fastscore.study.sources import combine_sources
 

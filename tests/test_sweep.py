@@ -24,9 +24,9 @@ from click.testing import CliRunner
 from fastscore import __version__
 from fastscore.cli import main
 from fastscore.errors import DataError, OutputError, ResumeConfigError
-from fastscore.study.envs import ENV_CLASSES
-from fastscore.study.envs.mbpp.env import MbppEnv
-from fastscore.study.envs.tools.env import ToolsEnv
+from fastscore.study.data.envs import ENV_CLASSES
+from fastscore.study.data.envs.mbpp.env import MbppEnv
+from fastscore.study.data.envs.tools.env import ToolsEnv
 from fastscore.sweep import grid
 from fastscore.sweep import items as sweep_items
 from fastscore.sweep.run import SweepConfig, run_sweep

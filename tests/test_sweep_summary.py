@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fastscore.study.metrics import ScoreRow
+from fastscore.study.analysis.metrics import ScoreRow
 from fastscore.sweep import grid
 from fastscore.sweep.summary import summarise_cells, write_summary
 from fastscore.sweep.worker import shard_dir

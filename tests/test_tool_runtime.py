@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from fastscore.study.envs.tools.answers import canonical_call, match_answer
-from fastscore.study.envs.tools.describe import describe_failure
-from fastscore.study.envs.tools.mutations import MUTATION_KINDS, misspell, mutate, seeded_mutations
-from fastscore.study.envs.tools.runtime import Call, ToolRejection, ToolRuntime, parse_call
+from fastscore.study.data.envs.tools.answers import canonical_call, match_answer
+from fastscore.study.data.envs.tools.describe import describe_failure
+from fastscore.study.data.envs.tools.mutations import MUTATION_KINDS, misspell, mutate, seeded_mutations
+from fastscore.study.data.envs.tools.runtime import Call, ToolRejection, ToolRuntime, parse_call
 
 AREA = {
     "name": "calculate_area",

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from fastscore.errors import DataError
-from fastscore.study.items import Item
-from fastscore.study.envs.tools.prose import SEEDED_KINDS
-from fastscore.study.envs.tools.runtime import ToolRuntime
+from fastscore.study.data.items import Item
+from fastscore.study.data.envs.tools.prose import SEEDED_KINDS
+from fastscore.study.data.envs.tools.runtime import ToolRuntime
 from fastscore.records import Message
-from fastscore.study.conditions import RECORD_CONDITIONS, record_messages
-from fastscore.study.envs.tools.env import (
+from fastscore.study.data.conditions import RECORD_CONDITIONS, record_messages
+from fastscore.study.data.envs.tools.env import (
     DONT_REPEAT_INSTRUCTION, NEUTRAL_MESSAGE, RECORD_ROLE, ToolsEnv, build_items, evaluate, item_from_failure,
     load_sources,
 )

@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import pytest
 
-from fastscore.study.envs.tools.env import ToolsEnv, build_items, load_sources
-from fastscore.study.envs.tools.mutations import MUTATION_KINDS, mutation_rng, seeded_mutations
-from fastscore.study.envs.tools.prose import PROSE_KIND, SEEDED_MIX, prose_text, seeded_prose
-from fastscore.study.envs.tools.runtime import Call, ToolRuntime, parse_call
-from fastscore.study.hygiene import quoted
-from fastscore.study.report import report_meta, write_report
-from fastscore.study.report_control import mix_section, seeded_mix_text
+from fastscore.study.data.envs.tools.env import ToolsEnv, build_items, load_sources
+from fastscore.study.data.envs.tools.mutations import MUTATION_KINDS, mutation_rng, seeded_mutations
+from fastscore.study.data.envs.tools.prose import PROSE_KIND, SEEDED_MIX, prose_text, seeded_prose
+from fastscore.study.data.envs.tools.runtime import Call, ToolRuntime, parse_call
+from fastscore.study.data.hygiene import quoted
+from fastscore.study.report.document import report_meta, write_report
+from fastscore.study.report.control import mix_section, seeded_mix_text
 from fastscore.study.runner import StudyConfig
 
 AREA = {"name": "geometry.area", "parameters": {"type": "dict", "properties": {

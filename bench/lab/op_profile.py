@@ -359,7 +359,7 @@ def cli():
     from fastscore.bench.lab.script import comma_list
     from fastscore.exits import friendly
     from fastscore.registry import default_model
-    from fastscore.study.datafile import default_data_dir
+    from fastscore.study.data.datafile import default_data_dir
 
     @click.command()
     @click.option("--model", default=None, help="Registry name or folder (default: the embedded model).")

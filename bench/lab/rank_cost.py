@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from fastscore.engine import plan
-from fastscore.study.datafile import default_data_dir
+from fastscore.study.data.datafile import default_data_dir
 
 WAYS = ("no ranks", "ranks", "ranks, every token counted", "ranks + top-k")
 

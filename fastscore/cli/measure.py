@@ -14,8 +14,8 @@ import click
 from fastscore import variants
 from fastscore.bench.settings import parse_settings, settings_help
 from fastscore.cli.app import DATA_HELP, bench_list, command_line, friendly, main
-from fastscore.study.datafile import default_data_dir
-from fastscore.study.envs import ENVS
+from fastscore.study.data.datafile import default_data_dir
+from fastscore.study.data.envs import ENVS
 
 # `fastscore bench --FLAG` of the investigations that left the command, and the script that runs each now.
 MOVED_FLAGS = {"--decode-bound": "python -m fastscore.bench.lab.decode_bound",

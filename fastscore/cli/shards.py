@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from fastscore.cli.app import DATA_HELP, MODEL_HELP, csv_list, friendly, main
-from fastscore.study.datafile import default_data_dir
-from fastscore.study.envs import ENVS
+from fastscore.study.data.datafile import default_data_dir
+from fastscore.study.data.envs import ENVS
 
 RUN_DIR = click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 DATA = click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,

@@ -10,8 +10,8 @@ import click
 
 from fastscore.cli.app import (BACKEND_HELP, DATA_HELP, QUANT_HELP, command_line, csv_list, friendly, main,
                                study_limit)
-from fastscore.study.datafile import default_data_dir
-from fastscore.study.envs import ENVS
+from fastscore.study.data.datafile import default_data_dir
+from fastscore.study.data.envs import ENVS
 
 
 @main.command()
@@ -53,7 +53,7 @@ def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_e
     """Run the corrective-gain study end to end and write its results, report and plots into --out."""
     from fastscore.deps import check_extras, extras_for_backend
     from fastscore.registry import default_model
-    from fastscore.study.report import headline
+    from fastscore.study.report.document import headline
     from fastscore.study.runner import DEFAULT_LIMIT, StudyConfig, run_study
 
     check_extras(*extras_for_backend(backend), purpose=f"fastscore study on {backend}")
@@ -92,8 +92,8 @@ def report_html(study_out, threads, rescore) -> None:
     the failed action's tokens coloured by their G (scored once into tokens.jsonl, with the study's model). On a
     `--failures both` study's top folder: a page per part (seeded/, model/) and a top page linking them."""
     from fastscore.deps import check_extras, extras_for_backend
-    from fastscore.study.report_html import HTML_FILE, study_parts, write_report_html
-    from fastscore.study.report_html_deps import scoring_backend
+    from fastscore.study.report.html import HTML_FILE, study_parts, write_report_html
+    from fastscore.study.report.html_deps import scoring_backend
 
     backend = scoring_backend(study_out, rescore)  # None: the tokens are scored already
     if backend is not None:
@@ -172,7 +172,7 @@ def sweep(models, variants, envs, failures, limit, shard_size, out, data, seed, 
 def study_table(results, check, write) -> None:
     """Print the paper-vs-study table generated from RESULTS (a study's --out, or its summary.json); the README
     holds it between <!-- study-table:begin --> and <!-- study-table:end -->."""
-    from fastscore.study.readme_table import run
+    from fastscore.study.report.readme_table import run
 
     ok, text = run(results, check=check, write=write)
     click.echo(text, err=not ok)

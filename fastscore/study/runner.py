@@ -1,7 +1,7 @@
 """Run the study end to end: build items, score every condition's candidate set, decode greedily, summarise, report.
 
 Each stage shows a progress bar with ETA and is timed; one more bar counts the whole run's item-stages, so its ETA
-covers the stages still to come (fastscore.study.progress). Work is persisted per item (see store.py), so a killed run
+covers the stages still to come (fastscore.study.stages.progress). Work is persisted per item (see store.py), so a killed run
 resumes with `resume=True` where it stopped. Several items go into one scorer call so the engine shares the common
 prefixes of all their conditions and candidates; identical requests of one item (clean_retry renders to before's
 messages, ban scores after's candidate set) are sent once. Calls hold fixed chunks of the item list, so a resumed
@@ -22,19 +22,19 @@ from fastscore import provenance
 from fastscore.errors import DataError
 from fastscore.outputs import OutDirLock
 from fastscore.registry import default_model
-from fastscore.study.conditions import CONDITIONS
-from fastscore.study.datafile import default_data_dir
-from fastscore.study.envs import ENVS, env_class, items_for_envs, open_envs, seeded_mix_rules
-from fastscore.study.envs.base import StudyEnv
-from fastscore.study.items import Item, Skipped
-from fastscore.study.metrics import read_score_rows, summarize
-from fastscore.study.redactions import attach_redactions
-from fastscore.study.onpolicy import ModelFailureBuilder
-from fastscore.study.progress import RunProgress, SourcePlan
+from fastscore.study.data.conditions import CONDITIONS
+from fastscore.study.data.datafile import default_data_dir
+from fastscore.study.data.envs import ENVS, env_class, items_for_envs, open_envs, seeded_mix_rules
+from fastscore.study.data.envs.base import StudyEnv
+from fastscore.study.data.items import Item, Skipped
+from fastscore.study.analysis.metrics import read_score_rows, summarize
+from fastscore.study.analysis.redactions import attach_redactions
+from fastscore.study.stages.onpolicy import ModelFailureBuilder
+from fastscore.study.stages.progress import RunProgress, SourcePlan
 from fastscore.study.stages.decode import DecodePlan, greedy_stage
 from fastscore.study.stages.score import score_stage
 from fastscore.study.stages.sensitivity import attach_sensitivity, sensitivity_stage
-from fastscore.study.store import SCORES_FILE, StudyStore
+from fastscore.study.stages.store import SCORES_FILE, StudyStore
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class StudyConfig:
     # Only the seeded items [start, stop) of each environment's order (under model failures: those of them the model
     # fails): a sweep's shard. None: the first `limit` items.
     window: tuple[int, int] | None = None
-    # Harness-realism checks (fastscore.study.sensitivity): extra scoring after the study's stages, reported as
+    # Harness-realism checks (fastscore.study.analysis.sensitivity): extra scoring after the study's stages, reported as
     # changes on the headline. Off by default: `make study` turns them on (--sensitivity).
     sensitivity: bool = False
 
@@ -364,8 +364,8 @@ def summarise_and_report(config: StudyConfig, store: StudyStore, items: list[Ite
 def _write_report(config, store, rows, summary, weights, skipped, errors, timer, resumed):
     with timer("report and plots"):
         from fastscore.deps import has_extra
-        from fastscore.study.plots import write_plots
-        from fastscore.study.report import report_meta, write_report
+        from fastscore.study.report.plots import write_plots
+        from fastscore.study.report.document import report_meta, write_report
 
         # before the report, which links the plots; without matplotlib (announced at the start) there are none
         plots = write_plots(rows, summary, Path(config.out_dir)) if has_extra("study") else []

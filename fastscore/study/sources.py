@@ -8,11 +8,11 @@ import logging
 from pathlib import Path
 
 from fastscore.outputs import write_text_atomic
-from fastscore.study.prior import MODEL, SEEDED, prior_of_run
-from fastscore.study.report import REPORT_NAME
-from fastscore.study.report_control import sources_report
-from fastscore.study.report_prior import SUMMARY_KEY as PRIOR_KEY
-from fastscore.study.store import SUMMARY_FILE
+from fastscore.study.analysis.prior import MODEL, SEEDED, prior_of_run
+from fastscore.study.report.document import REPORT_NAME
+from fastscore.study.report.control import sources_report
+from fastscore.study.report.prior import SUMMARY_KEY as PRIOR_KEY
+from fastscore.study.stages.store import SUMMARY_FILE
 
 log = logging.getLogger(__name__)
 

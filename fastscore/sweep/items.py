@@ -21,8 +21,8 @@ from typing import Any
 
 from fastscore.errors import DataError, ResumeConfigError
 from fastscore.outputs import write_text_atomic
-from fastscore.study.envs import open_envs
-from fastscore.study.items import Item, Skipped
+from fastscore.study.data.envs import open_envs
+from fastscore.study.data.items import Item, Skipped
 from fastscore.study.runner import SeededItems
 from fastscore.version import __version__
 

@@ -23,8 +23,8 @@ from fastscore.errors import (
     UnsupportedError,
 )
 from fastscore.outputs import OutDirLock, write_text_atomic
-from fastscore.study.datafile import default_data_dir
-from fastscore.study.envs import ENVS
+from fastscore.study.data.datafile import default_data_dir
+from fastscore.study.data.envs import ENVS
 from fastscore.sweep import grid
 from fastscore.sweep import items as sweep_items
 from fastscore.sweep.grid import Shard

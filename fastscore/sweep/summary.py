@@ -13,9 +13,9 @@ from typing import Any
 
 from fastscore.conversion import standin
 from fastscore.outputs import write_text_atomic
-from fastscore.study.conditions import REMEDIES
-from fastscore.study.metrics import read_score_rows, summarize
-from fastscore.study.report import construction_marks
+from fastscore.study.data.conditions import REMEDIES
+from fastscore.study.analysis.metrics import read_score_rows, summarize
+from fastscore.study.report.document import construction_marks
 from fastscore.sweep.grid import Cell, Shard
 from fastscore.sweep.worker import shard_dir
 
@@ -229,7 +229,7 @@ def write_size_plot(path: Path, result: dict[str, Any], params: dict[str, int | 
 
     if not points or not has_extra("study"):  # no matplotlib: announced when the sweep started
         return None
-    from fastscore.study.plots import pyplot
+    from fastscore.study.report.plots import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -23,7 +23,7 @@ from fastscore.study.quantcheck.stats import (
     sign_of_mean_statement,
     spearman,
 )
-from fastscore.study.metrics_stats import CI_LEVEL, assert_json_safe, resample_indices
+from fastscore.study.analysis.stats import CI_LEVEL, assert_json_safe, resample_indices
 
 
 ALL = "all"
@@ -159,7 +159,7 @@ def render_markdown(summary: dict[str, Any], plots: Sequence[str]) -> str:
 
 
 def write_plots(summary: dict[str, Any], items: Sequence, scores: dict, out_dir: Path) -> list[Path]:
-    from fastscore.study.plots import pyplot
+    from fastscore.study.report.plots import pyplot
 
     plt = pyplot()
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from fastscore.errors import DataError, UnknownQuantError, UnsupportedError
 from fastscore.study.quantcheck.stats import kl_rows
 from fastscore.records import CandidateSet, ScoreRequest, TokenRequest
-from fastscore.study.envs import ENVS
+from fastscore.study.data.envs import ENVS
 from fastscore.variants import REFERENCE, VARIANTS, Variant, get
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,8 @@ class QuantItem:
 
 
 def build_quant_items(data_dir: Path, envs: Sequence[str], limit: int, seed: int) -> list[QuantItem]:
-    from fastscore.study.conditions import render_conditions
-    from fastscore.study.envs import items_for_envs, open_envs
+    from fastscore.study.data.conditions import render_conditions
+    from fastscore.study.data.envs import items_for_envs, open_envs
 
     opened = open_envs(envs, Path(data_dir))
     items = []

@@ -1,6 +1,6 @@
 """Agreement statistics between a reference and a quantised variant (pure numpy, tested on crafted inputs).
 
-Arrays are per item and aligned. Bootstrap CIs reuse fastscore.study.metrics_stats (shared resamples).
+Arrays are per item and aligned. Bootstrap CIs reuse fastscore.study.analysis.stats (shared resamples).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from fastscore.errors import DataError
-from fastscore.study.metrics_stats import bootstrap_ci
+from fastscore.study.analysis.stats import bootstrap_ci
 
 # Bins of |G_ref| (nats): items whose reference gain is near 0 may flip sign under any perturbation.
 MARGIN_EDGES = (0.0, 0.5, 2.0, math.inf)

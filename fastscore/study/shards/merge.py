@@ -19,14 +19,14 @@ from typing import Any
 
 from fastscore.errors import DataError
 from fastscore.outputs import write_text_atomic
-from fastscore.study.report import REPORT_NAME
+from fastscore.study.report.document import REPORT_NAME
 from fastscore.study.runner import StageTimer, StudyConfig, StudyOutcome, summarise_and_report
 from fastscore.study.shards.manifest import Manifest
 from fastscore.study.shards.plan import ShardSpec, partition
 from fastscore.study.shards.rescore import committed_rows
 from fastscore.study.shards.rowfiles import write_jsonl
 from fastscore.study.shards.run import config_from_manifest
-from fastscore.study.store import CONFIG_FILE, PROVENANCE, RESUMED_WITH, SUMMARY_FILE, StudyStore
+from fastscore.study.stages.store import CONFIG_FILE, PROVENANCE, RESUMED_WITH, SUMMARY_FILE, StudyStore
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fastscore.errors import DataError
-from fastscore.study.items import Item, Skipped
+from fastscore.study.data.items import Item, Skipped
 from fastscore.study.runner import SeededItems
 from fastscore.study.shards.manifest import Manifest, sha256_file
 from fastscore.study.shards.rowfiles import read_rows, write_rows
@@ -89,7 +89,7 @@ def load_plan(run_dir: Path, manifest: Manifest, env: str) -> SeededItems:
 def ensure_plan(run_dir: Path, manifest: Manifest, envs: tuple[str, ...], seed: int, data_dir: Path,
                 progress: bool = False) -> dict[str, SeededItems]:
     """Each environment's committed order; built from the data (and recorded in the manifest) where none is."""
-    from fastscore.study.envs import open_envs
+    from fastscore.study.data.envs import open_envs
 
     plans = {}
     for env in envs:

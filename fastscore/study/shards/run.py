@@ -24,8 +24,8 @@ from typing import Any
 from fastscore.errors import DataError, OutputError, ReproductionError
 from fastscore.outputs import LOCK_FILE, HOLDER_FILE, OutDirLock, write_text_atomic
 from fastscore.registry import default_model
-from fastscore.study.datafile import default_data_dir
-from fastscore.study.envs import ENVS
+from fastscore.study.data.datafile import default_data_dir
+from fastscore.study.data.envs import ENVS
 from fastscore.study.runner import BOTH, FAILURE_SOURCES, StudyConfig, check_config
 from fastscore.study.shards import manifest as manifests
 from fastscore.study.shards.manifest import Manifest, sha256_file

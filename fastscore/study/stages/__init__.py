@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fastscore.study.isolate import error_reason
-from fastscore.study.items import Item
-from fastscore.study.store import AppendLog
+from fastscore.study.stages.isolate import error_reason
+from fastscore.study.data.items import Item
+from fastscore.study.stages.store import AppendLog
 
 
 def error_record(item: Item, stage: str, exc: Exception) -> dict[str, Any]:

@@ -23,14 +23,14 @@ import numpy as np
 from tqdm import tqdm
 
 from fastscore.records import GreedyRequest, GreedyResult
-from fastscore.study.conditions import CONDITIONS, REFERENCE, by_condition, distinct, render_conditions
-from fastscore.study.envs.base import StudyEnv
-from fastscore.study.isolate import call_isolating, chunks
-from fastscore.study.items import Item
-from fastscore.study.onpolicy import own_attempt
-from fastscore.study.rows import reproduces, score_rows
+from fastscore.study.data.conditions import CONDITIONS, REFERENCE, by_condition, distinct, render_conditions
+from fastscore.study.data.envs.base import StudyEnv
+from fastscore.study.stages.isolate import call_isolating, chunks
+from fastscore.study.data.items import Item
+from fastscore.study.stages.onpolicy import own_attempt
+from fastscore.study.stages.rows import reproduces, score_rows
 from fastscore.study.stages import errored_at, store_results
-from fastscore.study.store import StudyStore
+from fastscore.study.stages.store import StudyStore
 
 ITEMS_PER_GREEDY_CALL = 8  # x up to 7 distinct contexts decoded side by side (the scorer batches them by 32)
 RETRY_CONDITION = "clean_retry"

@@ -8,13 +8,13 @@ from typing import Any
 from tqdm import tqdm
 
 from fastscore.records import CandidateSetResult
-from fastscore.study.conditions import by_condition, distinct, render_conditions
-from fastscore.study.envs.base import StudyEnv
-from fastscore.study.isolate import call_isolating, chunks
-from fastscore.study.items import Item
-from fastscore.study.onpolicy import scored_candidates
+from fastscore.study.data.conditions import by_condition, distinct, render_conditions
+from fastscore.study.data.envs.base import StudyEnv
+from fastscore.study.stages.isolate import call_isolating, chunks
+from fastscore.study.data.items import Item
+from fastscore.study.stages.onpolicy import scored_candidates
 from fastscore.study.stages import errored_at, store_results
-from fastscore.study.store import StudyStore
+from fastscore.study.stages.store import StudyStore
 
 # x 6 distinct candidate sets x 4 candidates: one shared prefix trie per call. Items of one environment share the
 # system prompt (MBPP) or its preamble (tools), so bigger calls compute more of it once.

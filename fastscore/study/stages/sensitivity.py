@@ -12,12 +12,12 @@ from typing import Any
 from tqdm import tqdm
 
 from fastscore.records import CandidateSetResult
-from fastscore.study.envs.base import StudyEnv
-from fastscore.study.isolate import call_isolating, chunks, error_reason
-from fastscore.study.items import Item
-from fastscore.study.sensitivity import NOT_APPLICABLE, CheckRequests, check_requests
+from fastscore.study.data.envs.base import StudyEnv
+from fastscore.study.stages.isolate import call_isolating, chunks, error_reason
+from fastscore.study.data.items import Item
+from fastscore.study.analysis.sensitivity import NOT_APPLICABLE, CheckRequests, check_requests
 from fastscore.study.stages.score import ITEMS_PER_SCORE_CALL
-from fastscore.study.store import StudyStore
+from fastscore.study.stages.store import StudyStore
 
 
 def _set_record(result: CandidateSetResult) -> dict[str, Any]:
@@ -68,8 +68,8 @@ def sensitivity_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], i
 
 def attach_sensitivity(summary: dict[str, Any], store: StudyStore, seed: int, n_boot: int) -> None:
     """Each environment's (and the pooled) summary gets its "sensitivity" entry, from the stored records."""
-    from fastscore.study.metrics import POOLED
-    from fastscore.study.sensitivity import summarize_sensitivity
+    from fastscore.study.analysis.metrics import POOLED
+    from fastscore.study.analysis.sensitivity import summarize_sensitivity
 
     records = [r for rs in store.sensitivity().load().values() for r in rs]
     envs = [env for env in summary if env != POOLED]

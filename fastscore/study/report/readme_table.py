@@ -1,0 +1,229 @@
+"""The paper-vs-study table, generated from a study's summary.json (never written by hand).
+
+Each row is a claim of the paper's abstract, the paper's value, the study's estimate in every scope the summary has
+(failure source × environment: mean [95% CI] (n)) and a verdict computed from those intervals:
+
+- reproduced: the CI lies wholly on the paper's side of the claim's null (for an "≈ 0" claim: the CI lies within the
+  claim's equivalence margin);
+- not reproduced: the CI lies wholly on the other side (for "≈ 0": the CI excludes 0);
+- not measurable: no estimate, fewer than MIN_N items, a saturated metric (at its bound on every item), or a CI
+  that includes the null.
+
+A row whose scopes disagree says which scopes reproduce. A README holds the table between the markers
+`<!-- study-table:begin -->` and `<!-- study-table:end -->`; `--check` fails when that block differs from the table
+generated now, `--write` replaces it.
+
+    python -m fastscore.study.report.readme_table RESULTS_DIR                  # print the table (markdown)
+    python -m fastscore.study.report.readme_table RESULTS_DIR --check README.md  # exit 1 if the README's block drifted
+    python -m fastscore.study.report.readme_table RESULTS_DIR --write README.md  # rewrite the README's block
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastscore.errors import DataError
+from fastscore.study.analysis.power import MIN_ITEMS
+from fastscore.study.report.control import cell, table
+
+BEGIN = "<!-- study-table:begin -->"
+END = "<!-- study-table:end -->"
+SOURCES = ("seeded", "model")
+NOT_SCOPES = ("pooled", "failure_prior")
+REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE = "reproduced", "not reproduced", "not measurable"
+EQUIVALENCE_SHARE = 0.25  # an "≈ 0" share claim holds when the whole CI lies within ±25 percentage points
+MIN_N = MIN_ITEMS  # below it a percentile bootstrap is no interval: no verdict
+
+Getter = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class Claim:
+    claim: str
+    paper: str
+    get: Getter  # one environment summary -> the estimate (mean/lo/hi/n), or None
+    null: float  # the value the claim is tested against
+    side: int  # +1: the paper's claim is above the null, -1: below, 0: the claim is "≈ null"
+
+
+def _path(*keys: str) -> Getter:
+    def get(s: dict[str, Any]) -> dict[str, Any] | None:
+        for key in keys:
+            if not isinstance(s, dict) or key not in s:
+                return None
+            s = s[key]
+        return s
+
+    return get
+
+
+def _repeat_rise(metric: str) -> Getter:
+    """after - before of a share, as an interval difference (after's low end over before's high end)."""
+    def get(s: dict[str, Any]) -> dict[str, Any] | None:
+        before, after = _path("conditions", "before", metric)(s), _path("conditions", "after", metric)(s)
+        if before is None or after is None:
+            return None
+        if before.get("saturated") or after.get("saturated"):  # a side at its bound on every item: no finding
+            return {"mean": after["mean"] - before["mean"], "lo": None, "hi": None, "n": min(after["n"], before["n"]),
+                    "saturated": "before or after", "note": f"{cell(before)} -> {cell(after)}"}
+        if after.get("lo") is None or before.get("lo") is None:
+            return None
+        return {"mean": after["mean"] - before["mean"], "lo": after["lo"] - before["hi"],
+                "hi": after["hi"] - before["lo"], "n": min(after["n"], before["n"]),
+                "note": f"{cell(before)} -> {cell(after)}"}
+
+    return get
+
+
+CLAIMS = (
+    Claim("G per action token (nats)", "−1.03", _path("conditions", "after", "gain_per_token"), 0.0, -1),
+    Claim("odds of each failed-action token", "×2.8", _path("conditions", "after", "odds_factor"), 1.0, +1),
+    Claim("share of items with G < 0", "90–100%", _path("conditions", "after", "share_negative"), 0.5, +1),
+    Claim("failure-specific: lp(after) − lp(success) of the failed action, per token (nats)",
+          "small, sign inconsistent", _path("label", "label_effect", "after-success", "shown", "per_token"), 0.0, 0),
+    Claim("P(repeat) over the candidate set, after − before", "0.06 → 0.54", _repeat_rise("p_repeat"), 0.0, +1),
+    Claim("greedy reproduction of the failed call, after − before", "0% → 19%", _repeat_rise("greedy_repeat"),
+          0.0, +1),
+    Claim("surface share: mean G(neutral) / mean G(after)", "83%", _path("decomposition", "surface_share"), 0.0, +1),
+    Claim("description: share of the inversion removed", "76%",
+          _path("remedies", "description", "share_removed"), 0.0, +1),
+    Claim("\"do not repeat\": share of the inversion removed", "≈ 0",
+          _path("remedies", "dont_repeat", "share_removed"), 0.0, 0),
+    Claim("clean retry − after: P(T=1 sample = failed), paired", "clean retry worst (> 0)",
+          _path("clean_retry", "minus", "after"), 0.0, +1),
+)
+
+
+def verdict(est: dict[str, Any] | None, claim: Claim) -> str:
+    if est is None or est.get("saturated") or est.get("lo") is None or est.get("n", 0) < MIN_N:
+        return NOT_MEASURABLE
+    lo, hi = est["lo"], est["hi"]
+    if claim.side == 0:
+        # Equivalence: only a CI inside the margin shows "≈ 0"; one that excludes 0 refutes it. The per-token label
+        # claim uses the same margin in nats.
+        if lo > claim.null or hi < claim.null:
+            return NOT_REPRODUCED
+        return REPRODUCED if -EQUIVALENCE_SHARE <= lo and hi <= EQUIVALENCE_SHARE else NOT_MEASURABLE
+    if lo > claim.null:
+        return REPRODUCED if claim.side > 0 else NOT_REPRODUCED
+    if hi < claim.null:
+        return REPRODUCED if claim.side < 0 else NOT_REPRODUCED
+    return NOT_MEASURABLE
+
+
+def scopes(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """`source env` -> the environment summary, for a summary keyed by source (`--failures both`) or one source's."""
+    if any(source in summary for source in SOURCES):
+        return {f"{source} {env}": s for source in SOURCES for env, s in (summary.get(source) or {}).items()
+                if env not in NOT_SCOPES}
+    return {env: s for env, s in summary.items() if env not in NOT_SCOPES}
+
+
+def _row_verdict(verdicts: dict[str, str]) -> str:
+    measured = {scope: v for scope, v in verdicts.items() if v != NOT_MEASURABLE}
+    if not measured:
+        return NOT_MEASURABLE
+    kinds = set(measured.values())
+    if kinds == {REPRODUCED} and len(measured) == len(verdicts):
+        return REPRODUCED
+    if kinds == {NOT_REPRODUCED} and len(measured) == len(verdicts):
+        return NOT_REPRODUCED
+    return "; ".join(f"{v}: {', '.join(s for s, x in verdicts.items() if x == v)}"
+                     for v in (REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE) if v in verdicts.values())
+
+
+def _cell(est: dict[str, Any] | None) -> str:
+    if est is None:
+        return "no estimate"
+    text = cell(est)
+    return f"{text}, {est['note']}" if est.get("note") and "->" in est["note"] else text
+
+
+def study_table(summary: dict[str, Any]) -> str:
+    """The markdown table of every claim (deterministic: the same summary gives the same bytes)."""
+    by_scope = scopes(summary)
+    if not by_scope:
+        raise DataError("the summary holds no environment to tabulate")
+    rows = []
+    for claim in CLAIMS:
+        estimates = {scope: claim.get(s) for scope, s in by_scope.items()}
+        verdicts = {scope: verdict(est, claim) for scope, est in estimates.items()}
+        study = "; ".join(f"{scope}: {_cell(est)}" for scope, est in estimates.items())
+        rows.append([claim.claim, claim.paper, study, _row_verdict(verdicts)])
+    return table(["claim in the abstract", "paper", "this study: mean [95% CI] (n) per source and environment",
+                  "verdict"], rows)
+
+
+def block(generated: str) -> str:
+    return f"{BEGIN}\n{generated.rstrip()}\n{END}"
+
+
+def extract_block(markdown: str) -> str:
+    """The text between the markers (exclusive), stripped; DataError if they are missing or out of order."""
+    start, stop = markdown.find(BEGIN), markdown.find(END)
+    if start < 0 or stop < 0 or stop < start or markdown.count(BEGIN) != 1 or markdown.count(END) != 1:
+        raise DataError(f"expected exactly one {BEGIN} ... {END} block")
+    return markdown[start + len(BEGIN):stop].strip()
+
+
+def replace_block(markdown: str, generated: str) -> str:
+    extract_block(markdown)  # the markers are checked before anything is replaced
+    start, stop = markdown.find(BEGIN), markdown.find(END) + len(END)
+    return markdown[:start] + block(generated) + markdown[stop:]
+
+
+def load_summary(results: Path) -> dict[str, Any]:
+    path = Path(results)
+    path = path / "summary.json" if path.is_dir() else path
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DataError(f"cannot read the study summary {path}: {exc}") from exc
+
+
+def drifted(results: Path, markdown_path: Path) -> bool:
+    """True when the markdown's study-table block differs from the table generated from `results`."""
+    generated = study_table(load_summary(results)).strip()
+    return extract_block(Path(markdown_path).read_text(encoding="utf-8")) != generated
+
+
+def run(results: Path, check: Path | None = None, write: Path | None = None) -> tuple[bool, str]:
+    """(ok, text): the table; with `check`, whether the markdown's block matches it; with `write`, the block replaced.
+    The one implementation behind `fastscore study-table` and `python -m fastscore.study.report.readme_table`."""
+    if check and write:
+        raise DataError("--check and --write exclude each other")
+    generated = study_table(load_summary(results))
+    if check:
+        if drifted(results, check):
+            return False, (f"{check}: the study table differs from {results}; regenerate it with "
+                           f"fastscore study-table {results} --write {check}")
+        return True, f"{check}: the study table matches {results}"
+    if write:
+        Path(write).write_text(replace_block(Path(write).read_text(encoding="utf-8"), generated), encoding="utf-8")
+        return True, f"wrote the study table into {write}"
+    return True, generated
+
+
+def main(argv: list[str]) -> int:
+    usage = "usage: python -m fastscore.study.report.readme_table RESULTS_DIR|summary.json [--check|--write MARKDOWN]"
+    if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] not in ("--check", "--write")):
+        print(usage, file=sys.stderr)
+        return 2
+    target = Path(argv[2]) if len(argv) == 3 else None
+    try:
+        ok, text = run(Path(argv[0]), check=target if argv[1:2] == ["--check"] else None,
+                       write=target if argv[1:2] == ["--write"] else None)
+    except (DataError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(text, file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
