@@ -154,7 +154,7 @@ def test_the_report_and_summary_count_redacted_descriptions_per_environment_and_
     from fastscore.study.analysis.metrics import summarize
     from fastscore.study.analysis.redactions import attach_redactions, redaction_counts
     from fastscore.study.report.document import write_report
-    from fastscore.study.report.control import sources_report
+    from fastscore.study.report.by_source import sources_report
 
     items = [_item("mbpp", i, 2 if i < 3 else 0) for i in range(25)] + [_item("tools", i, 0) for i in range(25)]
     summary = summarize(study_rows(shift=3.0), seed=11, n_boot=50)

@@ -70,7 +70,7 @@ def test_the_pooled_estimate_has_its_own_line_with_intervals_and_n():
 
 
 def test_a_percent_interval_never_prints_minus_zero():
-    from fastscore.study.report.control import ci_pct
+    from fastscore.study.report.markdown import ci_pct
 
     assert ci_pct({"lo": -0.001, "hi": 0.03}) == "0, 3%"
     assert ci_pct({"lo": -0.35, "hi": -0.06}) == "-35, -6%"

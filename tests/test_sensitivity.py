@@ -14,7 +14,8 @@ from scorer_helpers import CountingFakeBackend, copy_tokenizer, rename_special_t
 from fastscore import cache
 from fastscore.errors import ArtefactUnavailableError
 from fastscore.scorer import Scorer
-from fastscore.study.analysis.sensitivity import NO_TOOLS_TEMPLATE, NOT_APPLICABLE, check_requests, summarize_sensitivity
+from fastscore.study.analysis.sensitivity import summarize_sensitivity
+from fastscore.study.stages.sensitivity import NO_TOOLS_TEMPLATE, NOT_APPLICABLE, check_requests
 from fastscore.tokenizer import Tokenizer
 
 # Each tiny architecture with the real template of a model of its family.

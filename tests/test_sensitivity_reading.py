@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from fastscore.study.report.sensitivity import sensitivity_section
-from fastscore.study.analysis.sensitivity import NO_TOOLS_TEMPLATE, NOT_APPLICABLE, summarize_sensitivity
+from fastscore.study.analysis.sensitivity import summarize_sensitivity
+from fastscore.study.stages.sensitivity import NO_TOOLS_TEMPLATE, NOT_APPLICABLE
 
 
 def _est(mean, lo, hi, n=12, **extra):

@@ -33,7 +33,8 @@ from fastscore.study.stages.onpolicy import ModelFailureBuilder
 from fastscore.study.stages.progress import RunProgress, SourcePlan
 from fastscore.study.stages.decode import DecodePlan, greedy_stage
 from fastscore.study.stages.score import score_stage
-from fastscore.study.stages.sensitivity import attach_sensitivity, sensitivity_stage
+from fastscore.study.analysis.sensitivity import attach_sensitivity
+from fastscore.study.stages.sensitivity import sensitivity_stage
 from fastscore.study.stages.store import SCORES_FILE, StudyStore
 
 log = logging.getLogger(__name__)

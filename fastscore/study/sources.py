@@ -10,7 +10,7 @@ from pathlib import Path
 from fastscore.outputs import write_text_atomic
 from fastscore.study.analysis.prior import MODEL, SEEDED, prior_of_run
 from fastscore.study.report.document import REPORT_NAME
-from fastscore.study.report.control import sources_report
+from fastscore.study.report.by_source import sources_report
 from fastscore.study.report.prior import SUMMARY_KEY as PRIOR_KEY
 from fastscore.study.stages.store import SUMMARY_FILE
 

@@ -1,6 +1,6 @@
 """Study metrics: per-item score rows in, corrective gains with paired bootstrap CIs out (pure numpy).
 
-Missing values are NaN only inside this module and metrics_stats; `summarize` emits absent keys with a reason
+Missing values are NaN only inside this module and stats.py; `summarize` emits absent keys with a reason
 instead, and checks that its output holds no NaN or infinity.
 """
 
@@ -15,7 +15,6 @@ from typing import Any, Iterable
 import numpy as np
 
 from fastscore.errors import DataError
-from fastscore.mathops import softmax
 from fastscore.study.data.conditions import (  # the study's vocabulary, re-exported for the tables' readers
     CLEAN_RETRY_SEEDED,
     CONDITIONS,
@@ -46,7 +45,11 @@ from fastscore.study.analysis.stats import (  # re-exported: the maths is part o
     wilson_ci,
     wilson_interval,
 )
-from fastscore.study.data.score_row import ScoreRow, read_score_rows  # re-exported: the rows summarize reads
+from fastscore.study.data.score_row import (  # re-exported: the rows summarize reads
+    ScoreRow,
+    candidate_probabilities,
+    read_score_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +70,6 @@ SAMPLED_RATES = {"sampled_repeat_rate": "sampled_repeat", "sampled_repeat_semant
 ROW_METRICS = ("p_repeat", "p_repeat_norm", *BINARY_METRICS, "banned_mass", "p_sample_repeat", *SAMPLED_RATES)
 TABLE_COLUMNS = ("lp", "n_tokens", "correct_lp", "correct_n", "alt_lp", "alt_lp_per_token", "sampled_k",
                  *SAMPLED_RATES.values(), "lp_as_cut", "n_as_cut", "cut_before_end_of_turn") + ROW_METRICS
-
-
-def candidate_probabilities(cand_lp: Iterable[float], cand_n_tokens: Iterable[int]) -> tuple[float, float]:
-    """P(candidate 0) over the candidate set: by summed log-prob, and by per-token (length-normalised) log-prob."""
-    lp = np.asarray(list(cand_lp), dtype=float)
-    n = np.asarray(list(cand_n_tokens), dtype=float)
-    return float(_softmax(lp)[0]), float(_softmax(lp / n)[0])
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    top = np.max(x)
-    if not np.isfinite(top):
-        raise DataError("every candidate has log-probability -inf")
-    return softmax(x)
 
 
 # ---------------------------------------------------------------- per-env tables

@@ -135,6 +135,6 @@ def distinct(contexts: Sequence[ConditionContext], key) -> dict[str, str]:
 def banned_candidate_lp(cand_lp: Sequence[float], banned_index: int = 0) -> tuple[float, ...]:
     """The candidate log-probs under a decoder ban: the banned candidate can never be emitted (-inf).
 
-    Renormalising the rest is the softmax over the remaining candidates, which metrics.candidate_probabilities does.
+    Renormalising the rest is the softmax over the remaining candidates, which score_row.candidate_probabilities does.
     """
     return tuple(-math.inf if i == banned_index else float(x) for i, x in enumerate(cand_lp))

@@ -9,9 +9,12 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
+
+import numpy as np
 
 from fastscore.errors import DataError
+from fastscore.mathops import softmax
 from fastscore.study.data.conditions import CONDITIONS, GAIN_UNDEFINED
 from fastscore.study.data.envs import ENVS
 
@@ -101,6 +104,20 @@ class ScoreRow:
             return cls(**raw)
         except (KeyError, TypeError) as exc:
             raise DataError(f"malformed score row: {exc}") from exc
+
+
+def candidate_probabilities(cand_lp: Iterable[float], cand_n_tokens: Iterable[int]) -> tuple[float, float]:
+    """P(candidate 0) over the candidate set: by summed log-prob, and by per-token (length-normalised) log-prob."""
+    lp = np.asarray(list(cand_lp), dtype=float)
+    n = np.asarray(list(cand_n_tokens), dtype=float)
+    return float(_softmax(lp)[0]), float(_softmax(lp / n)[0])
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    top = np.max(x)
+    if not np.isfinite(top):
+        raise DataError("every candidate has log-probability -inf")
+    return softmax(x)
 
 
 def _encode_lp(x: float) -> float | None:

@@ -15,14 +15,14 @@ from fastscore.study.data.conditions import (
     CLEAN_RETRY_SEEDED, CONDITIONS, GAIN_UNDEFINED, REFERENCE, REMEDIES, SAME_AS_REFERENCE,
 )
 from fastscore.study.analysis.metrics import POOLED
-from fastscore.study.report.control import cell as _cell, ci_pct as _ci_pct
+from fastscore.study.report.markdown import cell as _cell, ci_pct as _ci_pct
 from fastscore.study.report.control import copy_control_section, delta_reading, kinds_section, pooled_section
 from fastscore.study.report.control import pooled_line, seeded_mix_text
-from fastscore.study.report.control import num as _num
-from fastscore.study.report.control import table as _table
+from fastscore.study.report.markdown import num as _num
+from fastscore.study.report.markdown import table as _table
 from fastscore.study.report.label import clean_retry_section, cut_rate_note, failure_vs_success_answer, label_section
 from fastscore.study.report.sensitivity import sensitivity_section
-from fastscore.study.analysis.redactions import redaction_note
+from fastscore.study.report.redactions import redaction_note
 from fastscore.study.data.envs import env_class
 from fastscore.study.data.items import Skipped
 from fastscore.study.report.plots import PLOT_FILES, PLOT_TITLES

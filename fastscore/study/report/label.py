@@ -8,7 +8,7 @@ from typing import Any
 from fastscore.study.analysis.label import (
     ACTIONS, COPY_RECORD, FAILURE_SPECIFIC, REPEAT_METRICS, SHOWING_RECORDS, contrast_key, tie_verdict,
 )
-from fastscore.study.report.control import cell, num, table
+from fastscore.study.report.markdown import cell, num, table
 
 CONTRAST_NAMES = {
     "after-success": "failure-specific: after - success",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from fastscore.study.analysis.prior import MIN_ITEMS, MODEL, NOT_APPLICABLE, POOLED, SEEDED
-from fastscore.study.report.control import cell, ci_pct, num, table
+from fastscore.study.report.markdown import cell, ci_pct, num, table
 
 HEADING = "## The failure's prior: a ceiling, not a finding"
 # Why the section is a ceiling: it leads the section, before any number.

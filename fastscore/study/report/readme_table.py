@@ -29,7 +29,7 @@ from typing import Any
 
 from fastscore.errors import DataError
 from fastscore.study.analysis.power import MIN_ITEMS
-from fastscore.study.report.control import cell, table
+from fastscore.study.report.markdown import cell, table
 
 BEGIN = "<!-- study-table:begin -->"
 END = "<!-- study-table:end -->"

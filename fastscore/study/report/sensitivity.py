@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastscore.study.report.control import cell, ci_pct
-from fastscore.study.analysis.sensitivity import CHECKS, NOT_APPLICABLE
+from fastscore.study.report.markdown import cell, ci_pct
+from fastscore.study.stages.sensitivity import CHECKS, NOT_APPLICABLE
 
 HEADING = "## Sensitivity: harness realism"
 NAMES = {"record_role": "error record in the other role", "native_tools": "native tool format"}

@@ -10,7 +10,7 @@ from fastscore.records import GreedyResult
 from fastscore.study.data.conditions import CONDITIONS, GAIN_UNDEFINED, banned_candidate_lp
 from fastscore.study.data.envs.base import StudyEnv
 from fastscore.study.data.items import Item
-from fastscore.study.analysis.metrics import ScoreRow, candidate_probabilities
+from fastscore.study.data.score_row import ScoreRow, candidate_probabilities
 
 
 def failure_kind(item: Item) -> str:

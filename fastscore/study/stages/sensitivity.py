@@ -1,4 +1,18 @@
-"""Stage 3 (optional): the harness-realism checks' candidate sets, appended per item to sensitivity.jsonl.
+"""Stage 3 (optional): the harness-realism checks, a sensitivity check on the headline (does the inversion depend on
+how the harness writes the failure record?); their candidate sets, appended per item to sensitivity.jsonl.
+
+Two checks, each scored on the items' own candidate sets, in scorer calls of their own (the study's conditions are
+scored exactly as without the check):
+
+- record_role: the `after` record's error message in the other role (tools: a `user` message instead of the
+  runtime's `tool` message; MBPP: a `tool` message instead of the test harness's `user` message). `before` is the
+  study's own context, so only `after` is scored again.
+- native_tools: the tools environment in the chat template's native tool format
+  (fastscore.study.data.envs.tools.native): the schemas passed as `tools=`, the failed call as an assistant
+  `tool_calls` message, the error as a `tool` message, every candidate written as the template writes that call.
+  Both `before` and `after` are scored in it. Not applicable where the model's template renders neither tools nor
+  tool calls (the embedded SmolLM2's), where the environment's actions are programs (MBPP), or where a candidate has
+  no structured form (a syntax error).
 
 Scoring only, no decoding, in calls of their own after the study's stages: the study's conditions are scored exactly
 as in a run without the checks. Calls hold fixed chunks of the item list, as the scoring stage's do.
@@ -7,17 +21,103 @@ as in a run without the checks. Calls hold fixed chunks of the item list, as the
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm import tqdm
 
-from fastscore.records import CandidateSetResult
+from fastscore import chat
+from fastscore.errors import RequestError
+from fastscore.records import CandidateSet, CandidateSetResult, Message
+from fastscore.study.data.conditions import record_messages
 from fastscore.study.data.envs.base import StudyEnv
-from fastscore.study.stages.isolate import call_isolating, chunks, error_reason
 from fastscore.study.data.items import Item
-from fastscore.study.analysis.sensitivity import NOT_APPLICABLE, CheckRequests, check_requests
+from fastscore.study.stages.isolate import call_isolating, chunks, error_reason
+from fastscore.study.stages.onpolicy import scored_candidates
 from fastscore.study.stages.score import ITEMS_PER_SCORE_CALL
 from fastscore.study.stages.store import StudyStore
+
+CHECKS = ("record_role", "native_tools")
+DESCRIPTIONS = {
+    "record_role": "the error record as a user message instead of the runtime's tool message (tools), as a tool "
+                   "message instead of the test harness's user message (MBPP)",
+    "native_tools": "the tools passed as tools=, the failed call as an assistant tool_calls message, the error as a "
+                    "tool message, each candidate written as the template writes that call (instead of the "
+                    "text-schema prompt)",
+}
+NO_TOOLS_TEMPLATE = "the model's chat template does not accept tools= (it renders neither tools nor tool calls)"
+# Absent keys of a check that applies to no item carry this key, never a number.
+NOT_APPLICABLE = "not_applicable"
+
+
+@dataclass(frozen=True)
+class CheckRequests:
+    """What one check scores for one item: candidate sets by context ("before" / "after")."""
+
+    check: str
+    sets: Mapping[str, CandidateSet]
+
+
+def other_role(role: str) -> str:
+    return "user" if role == "tool" else "tool"
+
+
+def accepts_tools(template: str | None) -> bool:
+    if not template:
+        return False
+    probe = Message("assistant", "", tool_calls=({"type": "function", "function": {"name": "f", "arguments": {}}},))
+    try:
+        chat.check_template_support(template, (probe,), ({"type": "function", "function": {"name": "f"}},))
+    except RequestError:
+        return False
+    return True
+
+
+def _set_id(item: Item, check: str, context: str) -> str:
+    return f"{item.item_id}::{check}:{context}"
+
+
+def _record_role(item: Item, env: StudyEnv) -> CheckRequests:
+    attempt, record = record_messages(env, item, "after")
+    flipped = Message(other_role(record.role), record.content)
+    messages = env.context_messages(item) + (attempt, flipped)
+    # The candidates as the study scores them (an on-policy failed action as its emitted ids), so the change is the
+    # record's role alone.
+    return CheckRequests("record_role", {"after": CandidateSet(_set_id(item, "record_role", "after"), messages,
+                                                                scored_candidates(item))})
+
+
+def _native_tools(item: Item, env: StudyEnv, scorer) -> CheckRequests:
+    """ValueError with the reason where the check does not apply."""
+    template = scorer.tokenizer.chat_template
+    if not accepts_tools(template):
+        raise ValueError(NO_TOOLS_TEMPLATE)
+    native = env.native_tools(item)
+    context = (Message("system", native.system), Message("user", item.task))
+    render = dict(tools=native.tools, special_tokens=scorer.tokenizer.special_token_variables,
+                  template_kwargs=scorer.chat_template_kwargs)
+    try:
+        texts = tuple(chat.tool_call_text(template, context, call, **render) for call in native.calls)
+    except RequestError as exc:
+        raise ValueError(f"the template rejected a tool call: {exc}") from None
+    after = context + (Message("assistant", "", tool_calls=(native.calls[0],)),
+                       Message("tool", env.failure_report(item)))
+    sets = {name: CandidateSet(_set_id(item, "native_tools", name), messages, texts, native.tools)
+            for name, messages in (("before", context), ("after", after))}
+    return CheckRequests("native_tools", sets)
+
+
+def check_requests(item: Item, env: StudyEnv, scorer) -> dict[str, CheckRequests | str]:
+    """Each check's candidate sets for `item`, or the reason it does not apply."""
+    out: dict[str, CheckRequests | str] = {"record_role": _record_role(item, env)}
+    try:
+        out["native_tools"] = _native_tools(item, env, scorer)
+    except ValueError as exc:
+        out["native_tools"] = str(exc)
+    return out
+
+
+# ---------------------------------------------------------------- the stage
 
 
 def _set_record(result: CandidateSetResult) -> dict[str, Any]:
@@ -64,16 +164,3 @@ def sensitivity_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], i
                 bar.update(1)
                 if after_item is not None:
                     after_item("sensitivity", item.item_id)
-
-
-def attach_sensitivity(summary: dict[str, Any], store: StudyStore, seed: int, n_boot: int) -> None:
-    """Each environment's (and the pooled) summary gets its "sensitivity" entry, from the stored records."""
-    from fastscore.study.analysis.metrics import POOLED
-    from fastscore.study.analysis.sensitivity import summarize_sensitivity
-
-    records = [r for rs in store.sensitivity().load().values() for r in rs]
-    envs = [env for env in summary if env != POOLED]
-    checks = summarize_sensitivity(store.logprobs().load(), records, envs, seed, n_boot)
-    for group, by_check in checks.items():
-        if group in summary:
-            summary[group]["sensitivity"] = by_check
