@@ -218,7 +218,7 @@ def test_model_failures_are_the_models_own_greedy_attempts(tmp_path, data_dir):
 def test_an_item_too_long_for_the_model_is_recorded_and_the_run_goes_on(tmp_path, data_dir):
     from fastscore.selection import ModelSelection
     from fastscore.study.data.envs import open_envs
-    from fastscore.study.report.document import skipped_counts
+    from fastscore.study.report.meta import skipped_counts
     from fastscore.study.stages.decode import DecodePlan, greedy_stage
     from fastscore.study.stages.score import score_stage
 
@@ -279,7 +279,7 @@ def test_store_refuses_resume_with_other_settings_and_fresh_runs_clear_results(t
 def test_a_study_without_isolation_says_so_in_its_report(baseline, data_dir, tmp_path):
     from fastscore.study.data.envs.mbpp.isolation import NOT_ISOLATED_NOTE as note
     from fastscore.study.report.document import write_report
-    from fastscore.study.report.document import report_meta
+    from fastscore.study.report.meta import report_meta
 
     assert note not in (baseline / "report.md").read_text()  # the default sandbox is bubblewrap
     for config, said in ((_config(tmp_path, data_dir, sandbox="rlimits"), True), (_config(tmp_path, data_dir), False),

@@ -14,7 +14,8 @@ from fastscore.study.data.envs.tools.mutations import MUTATION_KINDS, mutation_r
 from fastscore.study.data.envs.tools.prose import PROSE_KIND, SEEDED_MIX, prose_text, seeded_prose
 from fastscore.study.data.envs.tools.runtime import Call, ToolRuntime, parse_call
 from fastscore.study.data.hygiene import quoted
-from fastscore.study.report.document import report_meta, write_report
+from fastscore.study.report.document import write_report
+from fastscore.study.report.meta import report_meta
 from fastscore.study.report.by_source import mix_section
 from fastscore.study.report.control import seeded_mix_text
 from fastscore.study.runner import StudyConfig

@@ -366,7 +366,8 @@ def _write_report(config, store, rows, summary, weights, skipped, errors, timer,
     with timer("report and plots"):
         from fastscore.deps import has_extra
         from fastscore.study.report.plots import write_plots
-        from fastscore.study.report.document import report_meta, write_report
+        from fastscore.study.report.document import write_report
+        from fastscore.study.report.meta import report_meta
 
         # before the report, which links the plots; without matplotlib (announced at the start) there are none
         plots = write_plots(rows, summary, Path(config.out_dir)) if has_extra("study") else []
