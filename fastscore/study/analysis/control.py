@@ -11,7 +11,7 @@ from the stored candidate log-probs; no model is run.
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -19,9 +19,7 @@ from fastscore.study.data.conditions import REFERENCE
 from fastscore.study.analysis.label import label_headline
 from fastscore.study.analysis.power import power_fields
 from fastscore.study.analysis.stats import bootstrap_ci, present_count, resample_indices, wilson_ci
-
-if TYPE_CHECKING:  # metrics imports this module; the table type is only annotated here
-    from fastscore.study.analysis.metrics import EnvTable
+from fastscore.study.analysis.table import EnvTable
 
 # Typos in a function or parameter name printed in the system prompt: the lowest-prior strings, with the largest copy
 # boost, and not a failure an agent typically makes; the headline is also reported without them.
@@ -117,8 +115,6 @@ def without_name_typos(table: "EnvTable", seed: int, n_boot: int) -> dict[str, A
 
 def pooled(tables: list["EnvTable"], seed: int, n_boot: int) -> dict[str, Any]:
     """The headline over the items of every environment together (items resampled jointly, not stratified)."""
-    from fastscore.study.analysis.metrics import EnvTable  # the concrete class, for the pooled table
-
     conds = [c for c in tables[0].columns if all(t.has(c) for t in tables)]
     columns = {c: {name: np.concatenate([t.columns[c][name] for t in tables]) for name in tables[0].columns[c]}
                for c in conds}
