@@ -88,7 +88,8 @@ def test_the_architecture_contracts_hold(tmp_path):
     ("bench/run.py", "\n\ndef _lab():\n    from fastscore.bench.lab import op_kinds\n\n    return op_kinds\n",
      "fastscore.bench.run -> fastscore.bench.lab.op_kinds"),
     # Inside the study the analysis sits below the report: the statistics may not render a markdown cell.
-    ("study/analysis/stats.py", "\n\ndef _cell():\n    from fastscore.study.report import markdown\n\n    return markdown\n",
+    ("study/analysis/stats.py",
+     "\n\ndef _cell():\n    from fastscore.study.report import markdown\n\n    return markdown\n",
      "fastscore.study.analysis.stats -> fastscore.study.report.markdown"),
 ])
 def test_a_new_upward_import_breaks_the_contracts(tmp_path, module, added, expected):

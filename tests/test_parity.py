@@ -1,7 +1,7 @@
 """Cross-backend parity through the Scorer: every fast backend against the transformers fp32 reference.
 
-Requests are real study items: three BFCL tool-call items (fastscore.study.data.envs.tools.env, seed 0), each scored under
-`before` (system + user) and `after` (+ the failed call + the runtime's error), four candidate calls each: 24
+Requests are real study items: three BFCL tool-call items (fastscore.study.data.envs.tools.env, seed 0), each scored
+under `before` (system + user) and `after` (+ the failed call + the runtime's error), four candidate calls each: 24
 sequences. The corrective gain of a candidate is G = lp(before) - lp(after).
 
 Tolerances (run with -s to see the measured differences):

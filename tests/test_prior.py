@@ -1,5 +1,5 @@
-"""The failure's prior (fastscore.study.analysis.prior, report_prior): the source gap raw and at equal prior, bins of the prior,
-small-n cells, and the section in the report of a run over both failure sources. Crafted inputs, pure numpy."""
+"""The failure's prior (fastscore.study.analysis.prior, report.prior): the source gap raw and at equal prior, bins of
+the prior, small-n cells, and the section in the report of a run over both failure sources. Crafted inputs, pure numpy."""
 
 from __future__ import annotations
 

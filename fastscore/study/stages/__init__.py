@@ -1,7 +1,9 @@
-"""The study's model-bound stages, item by item: candidate-set scoring (score.py) and greedy decoding (decode.py).
+"""The study's model-bound stages, item by item: candidate-set scoring (score.py), greedy decoding (decode.py), the
+harness-realism checks (sensitivity.py) and the model's own attempts (onpolicy.py), with what they run on: the
+per-item store (store.py), the score rows (rows.py), the run-level bar (progress.py) and item isolation (isolate.py).
 
-Both walk fixed chunks of the item list and store each item's result, or its item-level error, through one loop
-(`store_results`), so a killed run resumes exactly where it stopped.
+Scoring and decoding walk fixed chunks of the item list and store each item's result, or its item-level error,
+through one loop (`store_results`), so a killed run resumes exactly where it stopped.
 """
 
 from __future__ import annotations

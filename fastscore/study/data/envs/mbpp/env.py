@@ -294,8 +294,8 @@ def item_from_failure(source: MbppSource, action: str, outcome: RunOutcome, seed
 
 class MbppEnv(StudyEnv):
     name = ENV
-    # From the data (fastscore.study.data.caps, embedded tokenizer): the 974 reference programs' p99 is 239.3 tokens (max
-    # 419); + 25% margin = 300 (cuts 0.2% of the references). tests/test_study_caps.py checks it.
+    # From the data (fastscore.study.data.caps, embedded tokenizer): the 974 reference programs' p99 is 239.3 tokens
+    # (max 419); + 25% margin = 300 (cuts 0.2% of the references). tests/test_study_caps.py checks it.
     max_new_tokens = 300
     records = Records(role="user", failure_prefix=AFTER_PREFIX, neutral=NEUTRAL_MESSAGE,
                       dont_repeat=DONT_REPEAT_INSTRUCTION, dont_repeat_separator="\n\n")
