@@ -79,7 +79,7 @@ class StudyConfig:
     # Only the seeded items [start, stop) of each environment's order (under model failures: those of them the model
     # fails): a sweep's shard. None: the first `limit` items.
     window: tuple[int, int] | None = None
-    # Harness-realism checks (fastscore.study.analysis.sensitivity): extra scoring after the study's stages, reported as
+    # Harness-realism checks (fastscore.study.stages.sensitivity): extra scoring after the study's stages, reported as
     # changes on the headline. Off by default: `make study` turns them on (--sensitivity).
     sensitivity: bool = False
 

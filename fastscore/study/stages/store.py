@@ -9,7 +9,7 @@ Files (all in out_dir):
 - logprobs.jsonl: one line per item, its candidate sets' log-probs under every condition (the scoring stage).
 - scores.jsonl: the final per item x condition rows (metrics.ScoreRow); an item's rows are written together.
 - sensitivity.jsonl: one line per item, its candidate sets' log-probs under the harness-realism checks
-  (fastscore.study.analysis.sensitivity), when the run makes them.
+  (fastscore.study.stages.sensitivity), when the run makes them.
 - item_errors.jsonl: items that could not be scored (e.g. a context too long for the model), with the reason.
 
 The three append logs are written one item per write, flushed and fsynced. A kill can leave a partial last line (with
