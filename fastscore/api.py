@@ -118,18 +118,19 @@ def load(
     threads: int | None = None,
     top_k: int = 0,
     include_end_of_turn: bool = True,
-    backend_options: Mapping[str, Any] | None = None,
+    backend_options: Mapping[str, Any] | Sequence[str] | None = None,
     progress: bool = False,
 ) -> OpenModel:
     """Open `model` (default: the embedded SmolLM2-135M-Instruct; also a local GGUF file, a local HF folder or a hub
     id) on `backend` at `quant` (default: the backend's full-precision, batch-invariant type: llama.cpp f32, for the
     embedded model derived once from its shipped Q4_1 file, ONNX fp32; a local GGUF file's own type). `top_k` > 0
     returns that many alternatives per scored token; `backend_options` are the backend's typed options by name
-    (e.g. {"kv_type": "f16", "n_ctx": 8192})."""
+    (e.g. {"kv_type": "f16", "n_ctx": 8192}) or `key=value` strings (a key given twice with different values is
+    refused)."""
     from fastscore.selection import ModelSelection
 
     selection = ModelSelection.resolve(model, backend, quant, hf_path=hf_path, threads=threads,
-                                       backend_options=dict(backend_options or {}))
+                                       backend_options=backend_options)
     scorer = selection.open(progress=progress, include_end_of_turn=include_end_of_turn, top_k=top_k)
     return OpenModel(scorer, selection.model, selection.backend, selection.quant)
 

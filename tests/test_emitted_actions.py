@@ -1,8 +1,9 @@
-"""On-policy actions scored as emitted (#31.3) and sampled retries judged in meaning (#31.2).
+"""On-policy actions scored as emitted (#31.3) and sampled retries judged in meaning under every record (#31.2).
 
 The model's own failed attempt is scored as the token ids it emitted up to where the harness cut it, under every
-condition, and shown as their text in every record; sampled clean retries are decoded like greedy completions and
-judged by the environment's semantic repeat rule. End to end on a tiny random model (llama.cpp, f32).
+condition, and shown as their text in every record; samples under every record and the clean retry are decoded
+like greedy completions and judged by the environment's semantic repeat rule. End to end on a tiny random model
+(llama.cpp, f32).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def test_on_policy_actions_are_scored_as_emitted_under_every_condition_and_retri
     from fastscore.study.data.conditions import CONDITIONS, render_conditions
     from fastscore.study.stages.onpolicy import ModelFailureBuilder
     from fastscore.study.data.score_row import read_score_rows
-    from fastscore.study.stages.decode import DecodePlan, greedy_stage
+    from fastscore.study.stages.decode import SAMPLED_CONDITIONS, DecodePlan, greedy_stage
     from fastscore.study.stages.score import score_stage
     from fastscore.study.stages.store import StudyStore
 
@@ -103,6 +104,16 @@ def test_on_policy_actions_are_scored_as_emitted_under_every_condition_and_retri
         items, skipped = ModelFailureBuilder(env, scorer, SEED, max_new_tokens=16).build(1)
         assert items, [s.reason for s in skipped]
         score_stage(store, scorer, {env.name: env}, items)
+        sampled_requests: list[GreedyRequest] = []
+        greedy = scorer.greedy
+
+        def recording_greedy(requests, **kw):  # the real decoder; records what was sampled, and how
+            if kw.get("temperature"):
+                assert kw["temperature"] == 1.0
+                sampled_requests.extend(requests)
+            return greedy(requests, **kw)
+
+        scorer.greedy = recording_greedy
         greedy_stage(store, scorer, {env.name: env}, items, lambda _: 16, DecodePlan(False, RETRIES, SEED))
         decode = scorer.tokenizer.decode
     lp = {r["item_id"]: r for r in map(json.loads, (tmp_path / "logprobs.jsonl").read_text().splitlines())}
@@ -121,19 +132,27 @@ def test_on_policy_actions_are_scored_as_emitted_under_every_condition_and_retri
         shown = {c.condition: c.messages[2].content for c in render_conditions(item, env) if len(c.messages) > 2}
         assert shown["after"] == shown["neutral"] == shown["success"] == decode(emitted) == item.failed_action
         assert rows[item.item_id, "before"].greedy_repeat  # its own attempt starts with the action: cut there too
-    # The decode stage judges each item's sampled retries (before it writes the rows, whose greedy completions are
-    # judged next, one per condition): every retry was judged in meaning, as a whole action (decoded to the
-    # action_done rule, like a greedy completion; the run is seeded and exact, so no retry of it ends at its
-    # budget), not stopped once its text left the failed action's.
-    n = len(items)
-    assert len(judged.calls) == n * (RETRIES + len(CONDITIONS))
-    retries = judged.calls[: n * RETRIES]
-    print("retries judged:", retries)
-    assert all(_rule(text) for text, _ in retries)
+    # The decode stage judges each item's samples (before it writes the rows, whose greedy completions are judged
+    # next, one per condition), condition by condition in SAMPLED_CONDITIONS order: every sample was judged in
+    # meaning, as a whole action (decoded to the action_done rule, like a greedy completion; the run is seeded and
+    # exact, so no sample of it ends at its budget), not stopped once its text left the failed action's.
+    n, per_item = len(items), RETRIES * len(SAMPLED_CONDITIONS)
+    assert len(judged.calls) == n * (per_item + len(CONDITIONS))
+    samples = judged.calls[: n * per_item]
+    print("samples judged:", samples)
+    assert all(_rule(text) for text, _ in samples)
+    contexts = {(c.item_id, c.condition): c.messages for item in items for c in render_conditions(item, env)}
     for k, item in enumerate(items):
-        clean = rows[item.item_id, "clean_retry"]
-        assert clean.sampled_k == RETRIES and 0 <= clean.sampled_repeat <= RETRIES
-        assert clean.sampled_repeat_semantic == sum(same for _, same in retries[k * RETRIES : (k + 1) * RETRIES])
+        for j, cond in enumerate(SAMPLED_CONDITIONS):
+            row = rows[item.item_id, cond]
+            mine = samples[k * per_item + j * RETRIES: k * per_item + (j + 1) * RETRIES]
+            assert row.sampled_k == RETRIES and 0 <= row.sampled_repeat <= RETRIES, cond
+            assert row.sampled_repeat_semantic == sum(same for _, same in mine), cond
+            # Each condition's samples were drawn from that condition's own context, at temperature 1.
+            drawn = [r for r in sampled_requests if r.id.startswith(f"{item.item_id}::{cond}#")]
+            assert len(drawn) == RETRIES and {r.messages for r in drawn} == {contexts[item.item_id, cond]}, cond
+        for cond in set(CONDITIONS) - set(SAMPLED_CONDITIONS):  # before (the own attempt) and ban (0 by construction)
+            assert rows[item.item_id, cond].sampled_k is None, cond
 
 
 def test_a_prefix_ban_can_be_asked_per_request_beside_text_bans_in_one_call(smollm_tokenizer):

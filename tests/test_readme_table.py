@@ -44,12 +44,32 @@ def test_verdicts_follow_the_interval_and_the_claims_side():
     assert verdict({"mean": 0, "lo": -0.9, "hi": 0.9, "n": 5}, LABEL_CLAIM) == NOT_MEASURABLE
 
 
+def test_a_reproduced_direction_says_whether_the_papers_value_lies_inside_the_ci():
+    from fastscore.study.readme_table import paper_value_inside
+
+    assert G_CLAIM.paper_value == (-1.03, -1.03)
+    assert paper_value_inside({"mean": -1.0, "lo": -1.1, "hi": -0.9, "n": 50}, G_CLAIM) is True
+    assert paper_value_inside({"mean": -1.3, "lo": -1.4, "hi": -1.2, "n": 50}, G_CLAIM) is False
+    assert paper_value_inside({"mean": -1.3, "lo": None, "hi": None, "n": 50}, G_CLAIM) is None
+    summary = lambda lo, hi: {"conditions": {"after": {"gain_per_token": {"mean": (lo + hi) / 2, "lo": lo, "hi": hi,  # noqa: E731
+                                                                          "n": 50}}}}
+    def g_row(summary_by_env):
+        return next(line for line in study_table(summary_by_env).splitlines() if line.startswith("| G per action"))
+    assert g_row({"tools": summary(-1.1, -0.9)}).endswith("| reproduced (the paper's value lies inside the CI) |")
+    assert g_row({"tools": summary(-1.4, -1.2)}).endswith("| reproduced (direction only: the paper's value lies "
+                                                          "outside the CI) |")
+    assert g_row({"tools": summary(-1.4, -1.2), "mbpp": summary(-1.1, -0.9)}).endswith(
+        "| reproduced (the paper's value lies inside the CI in mbpp, outside in tools) |")
+    assert g_row({"tools": summary(0.1, 0.2)}).endswith("| not reproduced |")  # no value note without the direction
+
+
 def test_table_has_n_and_ci_in_every_scope_and_mixed_rows_name_their_scopes():
     text = study_table(SUMMARY)
     g_row = next(line for line in text.splitlines() if line.startswith("| G per action token"))
     assert "seeded tools: -1.200 [-1.400, -1.000] (20)" in g_row
     assert "seeded mbpp: -1.200 [-1.300, -1.100] (18)" in g_row and "model tools: " in g_row
-    assert g_row.endswith("| reproduced: seeded tools, seeded mbpp; not measurable: model tools |")
+    assert g_row.endswith("| reproduced: seeded tools, seeded mbpp; not measurable: model tools (the paper's value "
+                          "lies inside the CI in seeded tools, outside in seeded mbpp) |")
     greedy = next(line for line in text.splitlines() if line.startswith("| greedy reproduction"))
     assert greedy.endswith(f"| {NOT_MEASURABLE} |")  # saturated before and after: no finding
     assert "seeded tools: saturated — not measurable at this n: 0 (20)" in greedy
@@ -91,8 +111,8 @@ def test_every_claim_finds_its_estimate_in_a_real_summary():
     rows = [line for line in text.splitlines()[2:]]
     assert len(rows) == len(CLAIMS)
     missing = [row.split(" | ")[0] for row in rows if "no estimate" in row]
-    assert all(row.endswith("| reproduced |") or row.endswith("| not reproduced |") or
-               row.endswith("| not measurable |") for row in rows)
+    assert all(row.rsplit(" | ", 1)[1].split(" (")[0].rstrip(" |") in (REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE)
+               for row in rows), rows
     # These crafted rows record no greedy completion and no sampled retries; every other claim is found.
     assert missing == ["| greedy reproduction of the failed call, after − before",
                        "| clean retry − after: P(T=1 sample = failed), paired"]

@@ -234,3 +234,12 @@ def test_the_embedded_model_serves_the_librarys_scores(smollm_artefact):
         delta = check_echo_logprobs(session.scorer, server)
     print(f"max |delta| served vs library (embedded model, llamacpp f32): {delta:.3g}")
     assert delta < 1e-4
+
+
+def test_serve_refuses_a_backend_option_given_twice_with_different_values():
+    from fastscore.errors import SettingsError
+
+    result = CliRunner().invoke(main, ["serve", "--backend-option", "kv_type=f16", "--backend-option", "kv_type=f32"])
+    print(result.output)
+    assert result.exit_code == SettingsError.exit_code
+    assert "kv_type is given twice" in result.output and "Traceback" not in result.output

@@ -206,13 +206,18 @@ def test_model_failures_are_the_models_own_greedy_attempts(tmp_path, data_dir):
         assert rows[item["item_id"], "clean_retry"].greedy_repeat_program
         assert not rows[item["item_id"], "before"].greedy_success
         assert not rows[item["item_id"], "ban"].greedy_repeat
-        # The clean retry is measured by seeded samples from the clean context.
-        clean = rows[item["item_id"], "clean_retry"]
-        assert clean.sampled_k == 4 and 0 <= clean.sampled_repeat <= 4
-        assert rows[item["item_id"], "after"].sampled_k is None
+        # Every record and the clean retry are measured by seeded samples too; before's and ban's are not (the own
+        # attempt; the ban refuses the action).
+        for cond in ("after", "success", "neutral", "description", "dont_repeat", "clean_retry"):
+            sampled = rows[item["item_id"], cond]
+            assert sampled.sampled_k == 4 and 0 <= sampled.sampled_repeat <= 4, cond
+            assert 0 <= sampled.sampled_repeat_semantic <= 4, cond
+        assert rows[item["item_id"], "before"].sampled_k is None and rows[item["item_id"], "ban"].sampled_k is None
         assert rows[item["item_id"], "before"].failure_kind.startswith("model:")
     summary = json.loads((out / "summary.json").read_text())
-    assert "sampled_repeat_rate" in summary["tools"]["conditions"]["clean_retry"]
+    for cond in ("after", "success", "clean_retry"):
+        assert "sampled_repeat_semantic_rate" in summary["tools"]["conditions"][cond], cond
+    assert "sampled_repeat_semantic_rate" in summary["tools"]["label"]["repeat_difference"]["after-success"]
 
 
 def test_an_item_too_long_for_the_model_is_recorded_and_the_run_goes_on(tmp_path, data_dir):

@@ -39,9 +39,8 @@ def serve(model, backend, quant, host, port, threads, backend_option, top_k, exc
     from fastscore.serve.server import Limits, ScoringServer
 
     check_extras(*extras_for_backend(backend), purpose=f"fastscore serve on {backend}")
-    options = dict(pair.partition("=")[::2] for pair in backend_option)
     opened = load(model, backend, quant, threads=threads, top_k=top_k, include_end_of_turn=not exclude_end_of_turn,
-                  backend_options=options, progress=True)
+                  backend_options=backend_option, progress=True)
     limits = Limits(max_body_bytes=max_body_bytes, max_items=max_items, max_waiting=max_queue,
                     batch_window_s=batch_window_ms / 1000)
     with opened:

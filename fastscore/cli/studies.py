@@ -12,6 +12,7 @@ from fastscore.cli.app import (BACKEND_HELP, DATA_HELP, QUANT_HELP, command_line
                                study_limit)
 from fastscore.study.data.datafile import default_data_dir
 from fastscore.study.data.envs import ENVS
+from fastscore.study.runner import RETRIES
 
 
 @main.command()
@@ -25,8 +26,9 @@ from fastscore.study.data.envs import ENVS
 @click.option("--failures", default="both", show_default=True, type=click.Choice(["both", "seeded", "model"]),
               help="seeded: mutations of the ground truth; model: the model's own failed greedy attempts; both: "
                    "each in its own subfolder of --out, reported side by side.")
-@click.option("--retries", default=8, show_default=True, type=click.IntRange(min=0),
-              help="Sampled clean retries per on-policy item (temperature 1.0, seeded).")
+@click.option("--retries", default=RETRIES, show_default=True, type=click.IntRange(min=0),
+              help="Sampled completions per on-policy item under every record and the clean retry (temperature 1.0, "
+                   "seeded).")
 @click.option("--exclude-end-of-turn", is_flag=True,
               help="Score the action alone, without the end-of-turn token (the paper's action-only counts).")
 @click.option("--out", "out", default=Path("study-out"), show_default=True,

@@ -44,7 +44,7 @@ SeededItems = tuple[list[Item], list[Skipped]]
 
 FAILURE_SOURCES = ("seeded", "model")
 BOTH = "both"  # every failure source, each in its own subfolder of --out, reported side by side
-RETRIES = 8  # sampled clean retries per on-policy item
+RETRIES = 4  # sampled completions per on-policy item under each record and the clean retry
 # Items per env of `make study`, sized so both envs, all conditions and greedy decoding finish in about ten minutes
 # on the 2-core study machine. Measured with nothing else running: 20 per env took 466 s (scoring 217 s, greedy
 # 242 s; 512 s before the scorer's group budget), 8 per env 205 s. Other jobs on the same 2 cores slow it roughly
@@ -63,7 +63,7 @@ class StudyConfig:
     seed: int = 0
     # "seeded": mutations of the ground truth; "model": the model's own failed attempts; "both": each in turn
     failures: str = BOTH
-    retries: int = RETRIES  # sampled clean retries per on-policy item (temperature 1.0, seeded)
+    retries: int = RETRIES  # samples per on-policy item and record (temperature 1.0, seeded)
     include_end_of_turn: bool = True  # score the end-of-turn token after the action (False: the action alone)
     out_dir: Path = Path("study-out")
     data_dir: Path = field(default_factory=default_data_dir)
@@ -188,7 +188,7 @@ def _open_scorer(config: StudyConfig, progress: bool):
 def decode_plan(config: StudyConfig) -> DecodePlan:
     """Greedy completions come off the argmax chain only where that is exact: a batch-invariant full-precision type
     (a quantised llama.cpp type's argmax moves with the batch) scoring the end-of-turn token (else the chain does not
-    say where greedy decoding stops). Sampled retries only for the model's own failures."""
+    say where greedy decoding stops). Samples only for the model's own failures."""
     from fastscore.variants import FULL_PRECISION
 
     exact = FULL_PRECISION.get(config.backend) == config.quant

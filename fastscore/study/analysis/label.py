@@ -41,7 +41,7 @@ COPY_RECORD = "neutral"
 FAILURE_SPECIFIC = ("after", "success")
 LABEL_CONTRASTS = (FAILURE_SPECIFIC, ("after", "neutral"), ("success", "neutral"), ("dont_repeat", "after"),
                    ("neutral", "description"))  # the last: a record that shows the action vs one that describes it
-REPEAT_METRICS = ("p_repeat", "p_sample_repeat", "greedy_repeat_semantic", "greedy_repeat")
+REPEAT_METRICS = ("p_repeat", "p_sample_repeat", "greedy_repeat_semantic", "greedy_repeat", "sampled_repeat_semantic_rate")
 SCALES = ("per_call", "per_token")
 # Shares and probabilities over a small set that sit at 0 or 1 on every item measure nothing at this n (saturated).
 # Not exp(lp): an exact probability of 1e-12 is a value, not a bound reached.

@@ -60,7 +60,7 @@ RUN_PARAMETERS = (
     ("limit", "item limit per env"),
     ("failure_source", "failure source"),
     ("seeded_mix", "seeded failure mix"),
-    ("retries", "sampled clean retries per item (temperature 1.0)"),
+    ("retries", "samples per on-policy item and record (temperature 1.0)"),
     ("end_of_turn", "end-of-turn token scored"),
     ("greedy_from", "greedy completions"),
     ("n_boot", "bootstrap resamples"),

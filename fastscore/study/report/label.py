@@ -19,7 +19,8 @@ CONTRAST_NAMES = {
 }
 REPEAT_NAMES = {"p_repeat": "P(repeat) over the candidate set",
                 "p_sample_repeat": "P(T=1 sample = shown action) = exp(lp)",
-                "greedy_repeat_semantic": "greedy repeat, semantic", "greedy_repeat": "greedy repeat, token for token"}
+                "greedy_repeat_semantic": "greedy repeat, semantic", "greedy_repeat": "greedy repeat, token for token",
+                "sampled_repeat_semantic_rate": "sampled repeats, semantic (share of k per item)"}
 
 
 def power_cell(entry: dict[str, Any] | None) -> str:

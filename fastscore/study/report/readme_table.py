@@ -9,6 +9,10 @@ Each row is a claim of the paper's abstract, the paper's value, the study's esti
 - not measurable: no estimate, fewer than MIN_N items, a saturated metric (at its bound on every item), or a CI
   that includes the null.
 
+These verdicts are about the claim's direction. Where the paper gives a number (`Claim.paper_value`, a point or a
+range), a reproduced row also says whether that number lies inside the study's CIs: "reproduced (direction only: the
+paper's value lies outside the CI)" means the sign holds and the size differs.
+
 A row whose scopes disagree says which scopes reproduce. A README holds the table between the markers
 `<!-- study-table:begin -->` and `<!-- study-table:end -->`; `--check` fails when that block differs from the table
 generated now, `--write` replaces it.
@@ -49,6 +53,7 @@ class Claim:
     get: Getter  # one environment summary -> the estimate (mean/lo/hi/n), or None
     null: float  # the value the claim is tested against
     side: int  # +1: the paper's claim is above the null, -1: below, 0: the claim is "≈ null"
+    paper_value: tuple[float, float] | None = None  # the paper's number as a [low, high] range (a point: low = high)
 
 
 def _path(*keys: str) -> Getter:
@@ -81,17 +86,22 @@ def _repeat_rise(metric: str) -> Getter:
 
 
 CLAIMS = (
-    Claim("G per action token (nats)", "−1.03", _path("conditions", "after", "gain_per_token"), 0.0, -1),
-    Claim("odds of each failed-action token", "×2.8", _path("conditions", "after", "odds_factor"), 1.0, +1),
-    Claim("share of items with G < 0", "90–100%", _path("conditions", "after", "share_negative"), 0.5, +1),
+    Claim("G per action token (nats)", "−1.03", _path("conditions", "after", "gain_per_token"), 0.0, -1,
+          (-1.03, -1.03)),
+    Claim("odds of each failed-action token", "×2.8", _path("conditions", "after", "odds_factor"), 1.0, +1,
+          (2.8, 2.8)),
+    Claim("share of items with G < 0", "90–100%", _path("conditions", "after", "share_negative"), 0.5, +1,
+          (0.9, 1.0)),
     Claim("failure-specific: lp(after) − lp(success) of the failed action, per token (nats)",
           "small, sign inconsistent", _path("label", "label_effect", "after-success", "shown", "per_token"), 0.0, 0),
-    Claim("P(repeat) over the candidate set, after − before", "0.06 → 0.54", _repeat_rise("p_repeat"), 0.0, +1),
+    Claim("P(repeat) over the candidate set, after − before", "0.06 → 0.54", _repeat_rise("p_repeat"), 0.0, +1,
+          (0.48, 0.48)),
     Claim("greedy reproduction of the failed call, after − before", "0% → 19%", _repeat_rise("greedy_repeat"),
-          0.0, +1),
-    Claim("surface share: mean G(neutral) / mean G(after)", "83%", _path("decomposition", "surface_share"), 0.0, +1),
+          0.0, +1, (0.19, 0.19)),
+    Claim("surface share: mean G(neutral) / mean G(after)", "83%", _path("decomposition", "surface_share"), 0.0, +1,
+          (0.83, 0.83)),
     Claim("description: share of the inversion removed", "76%",
-          _path("remedies", "description", "share_removed"), 0.0, +1),
+          _path("remedies", "description", "share_removed"), 0.0, +1, (0.76, 0.76)),
     Claim("\"do not repeat\": share of the inversion removed", "≈ 0",
           _path("remedies", "dont_repeat", "share_removed"), 0.0, 0),
     Claim("clean retry − after: P(T=1 sample = failed), paired", "clean retry worst (> 0)",
@@ -114,6 +124,31 @@ def verdict(est: dict[str, Any] | None, claim: Claim) -> str:
     if hi < claim.null:
         return REPRODUCED if claim.side < 0 else NOT_REPRODUCED
     return NOT_MEASURABLE
+
+
+def paper_value_inside(est: dict[str, Any] | None, claim: Claim) -> bool | None:
+    """Does the paper's number (range) overlap the estimate's CI? None without a number or an interval."""
+    if claim.paper_value is None or est is None or est.get("lo") is None or est.get("hi") is None:
+        return None
+    low, high = claim.paper_value
+    return est["lo"] <= high and low <= est["hi"]
+
+
+def _value_note(claim: Claim, estimates: dict[str, dict[str, Any] | None], verdicts: dict[str, str]) -> str:
+    """For the scopes whose direction is reproduced: is the paper's number inside their CI?"""
+    inside = {scope: paper_value_inside(est, claim) for scope, est in estimates.items()
+              if verdicts[scope] == REPRODUCED}
+    inside = {scope: v for scope, v in inside.items() if v is not None}
+    if not inside:
+        return ""
+    if all(inside.values()):
+        return " (the paper's value lies inside the CI)" if len(inside) == 1 else \
+            " (the paper's value lies inside every CI)"
+    if not any(inside.values()):
+        return " (direction only: the paper's value lies outside the CI)" if len(inside) == 1 else \
+            " (direction only: the paper's value lies outside every CI)"
+    return (" (the paper's value lies inside the CI in " + ", ".join(s for s, v in inside.items() if v)
+            + ", outside in " + ", ".join(s for s, v in inside.items() if not v) + ")")
 
 
 def scopes(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -154,7 +189,7 @@ def study_table(summary: dict[str, Any]) -> str:
         estimates = {scope: claim.get(s) for scope, s in by_scope.items()}
         verdicts = {scope: verdict(est, claim) for scope, est in estimates.items()}
         study = "; ".join(f"{scope}: {_cell(est)}" for scope, est in estimates.items())
-        rows.append([claim.claim, claim.paper, study, _row_verdict(verdicts)])
+        rows.append([claim.claim, claim.paper, study, _row_verdict(verdicts) + _value_note(claim, estimates, verdicts)])
     return table(["claim in the abstract", "paper", "this study: mean [95% CI] (n) per source and environment",
                   "verdict"], rows)
 

@@ -1,5 +1,5 @@
-"""Stage 2: each condition's greedy completion, sampled clean retries; with the stored log-probs, each item's ScoreRows
-go to scores.jsonl.
+"""Stage 2: each condition's greedy completion and (on-policy items) sampled completions; with the stored log-probs,
+each item's ScoreRows go to scores.jsonl.
 
 Decoding is done only where a completion is needed. On an exact backend, greedy decoding reproduces a scored
 candidate token for token exactly when each of its scored tokens (end-of-turn included) was the argmax in the scoring
@@ -7,9 +7,10 @@ pass, so where a candidate's argmax chain is complete the completion is that can
 rest (no candidate's chain complete, the decoder ban, the model's own attempt) is decoded, each request up to its
 item's budget and, where the environment has one, its action_done rule (MBPP: one token after the closed program,
 ending as ACTION_DONE unless that token ends the turn; no metric reads what a model writes after it). On-policy items
-also get k sampled retries from the clean context (temperature 1.0, each from a generator seeded by the run's seed
-and the retry's id), decoded like the greedy completions (same budget, same action_done rule) and judged like them:
-token for token and in meaning (StudyEnv.repeats_failure).
+also get k sampled completions under every record and from the clean context (SAMPLED_CONDITIONS; temperature 1.0,
+each from a generator seeded by the run's seed and the sample's id), decoded like the greedy completions (same budget,
+same action_done rule) and judged like them: token for token and in meaning (StudyEnv.repeats_failure). So "repeats
+after a failure" is compared with "repeats after any record of the same action", sampled as well as greedy.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import numpy as np
 from tqdm import tqdm
 
 from fastscore.records import GreedyRequest, GreedyResult
-from fastscore.study.data.conditions import CONDITIONS, REFERENCE, by_condition, distinct, render_conditions
+from fastscore.study.data.conditions import (
+    CONDITIONS, RECORD_CONDITIONS, REFERENCE, ConditionContext, by_condition, distinct, render_conditions,
+)
 from fastscore.study.data.envs.base import StudyEnv
 from fastscore.study.stages.isolate import call_isolating, chunks
 from fastscore.study.data.items import Item
@@ -35,12 +38,15 @@ from fastscore.study.stages.store import StudyStore
 ITEMS_PER_GREEDY_CALL = 8  # x up to 7 distinct contexts decoded side by side (the scorer batches them by 32)
 RETRY_CONDITION = "clean_retry"
 RETRY_TEMPERATURE = 1.0
+# Where on-policy items are sampled: every record (after, success, neutral, description, dont_repeat) and the clean
+# retry (before's messages). Not `ban`: its decoder refuses the failed action, so a repeat is 0 by construction.
+SAMPLED_CONDITIONS = (*RECORD_CONDITIONS, RETRY_CONDITION)
 
 
 @dataclass(frozen=True)
 class DecodePlan:
     argmax_chain: bool  # read greedy completions off the argmax chain (only valid on an exact, batch-invariant type)
-    retries: int  # sampled clean retries per on-policy item (0: none)
+    retries: int  # sampled completions per on-policy item and SAMPLED_CONDITIONS condition (0: none)
     seed: int
 
 
@@ -125,7 +131,7 @@ def _complete_chunk(members, lp, scorer, env: StudyEnv, cap: int, plan: DecodePl
     ok, failed = call_isolating(decode, {i: reqs for i, reqs in to_decode.items() if reqs}, lambda r: r.id)
     for i, got in ok.items():
         results[i].update(by_condition(got))
-    samples = _sampled_retries(members, lp, scorer, env, cap, plan, failed) if plan.retries else {}
+    samples = _sampled_repeats(members, contexts, lp, scorer, env, cap, plan, failed) if plan.retries else {}
 
     def stored(item: Item) -> None:
         i = item.item_id
@@ -138,24 +144,31 @@ def _complete_chunk(members, lp, scorer, env: StudyEnv, cap: int, plan: DecodePl
     store_results("greedy", members, done, failed, err_log, stored, bar, after_item)
 
 
-def _sampled_retries(members: Sequence[Item], lp, scorer, env: StudyEnv, cap: int, plan: DecodePlan,
-                     failed: dict[str, Exception]) -> dict[str, dict[str, tuple[int, int, int]]]:
-    """k sampled retries from the clean context of each on-policy item:
-    {item: {clean_retry: (k, repeats token for token, repeats in meaning)}}."""
-    targets = {item.item_id: lp[item.item_id][0]["conditions"][REFERENCE] for item in members
-               if own_attempt(item) is not None and item.item_id not in failed}
+def sample_request_id(item_id: str, condition: str, k: int) -> str:
+    return f"{item_id}::{condition}#{k}"
+
+
+def _sampled_repeats(members: Sequence[Item], contexts: Mapping[str, Sequence[ConditionContext]], lp, scorer,
+                     env: StudyEnv, cap: int, plan: DecodePlan, failed: dict[str, Exception]
+                     ) -> dict[str, dict[str, tuple[int, int, int]]]:
+    """k sampled completions under each SAMPLED_CONDITIONS context of each on-policy item:
+    {item: {condition: (k, repeats token for token, repeats in meaning)}}."""
+    targets = [item for item in members if own_attempt(item) is not None and item.item_id not in failed]
     if not targets:
         return {}
-    by_id = {item.item_id: item for item in members}
-    # The clean retry's context: the failed attempt and its error deleted, i.e. before's messages. A retry is decoded
-    # as a greedy completion is (the item's budget, the environment's action_done rule), not stopped once its text
-    # leaves the failed action's: the semantic judge needs the whole action, since a retry that spells the same call
-    # or program differently (other quoting, spacing, argument order, a preamble) repeats it in meaning. The same
-    # budget and stop rule also make the sampled rate the same measurement as the greedy one.
+    # A sample is decoded as a greedy completion is (the item's budget, the environment's action_done rule), not
+    # stopped once its text leaves the failed action's: the semantic judge needs the whole action, since a sample
+    # that spells the same call or program differently (other quoting, spacing, argument order, a preamble) repeats
+    # it in meaning. The same budget and stop rule also make the sampled rates the same measurement as the greedy
+    # ones. The clean retry's context is before's messages (the failed attempt and its error deleted).
     action_done = env.action_done()
-    requests = {i: [GreedyRequest(f"{i}::{RETRY_CONDITION}#{k}", env.context_messages(by_id[i]),
-                                  max_new_tokens=greedy_budget(cap, lp[i][0]), action_done=action_done)
-                    for k in range(plan.retries)] for i in targets}
+    requests = {}
+    for item in targets:
+        i, budget = item.item_id, greedy_budget(cap, lp[item.item_id][0])
+        messages = {c.condition: c.messages for c in contexts[i]}
+        requests[i] = [GreedyRequest(sample_request_id(i, cond, k), messages[cond], max_new_tokens=budget,
+                                     action_done=action_done)
+                       for cond in SAMPLED_CONDITIONS for k in range(plan.retries)]
 
     def sample(reqs: list[GreedyRequest]) -> list[GreedyResult]:
         rngs = [retry_rng(plan.seed, r.id) for r in reqs]
@@ -163,10 +176,15 @@ def _sampled_retries(members: Sequence[Item], lp, scorer, env: StudyEnv, cap: in
 
     ok, bad = call_isolating(sample, requests, lambda r: r.id)
     failed.update(bad)
-    out = {}
+    by_id = {item.item_id: item for item in targets}
+    out: dict[str, dict[str, tuple[int, int, int]]] = {}
     for i, got in ok.items():
-        rec = targets[i]
-        repeats = sum(reproduces(r, rec["cand_token_ids"][0], rec.get("end_of_turn", True)) for r in got)
-        semantic = sum(env.repeats_failure(by_id[i], r.text) for r in got)
-        out[i] = {RETRY_CONDITION: (len(got), int(repeats), int(semantic))}
+        out[i] = {}
+        for cond in SAMPLED_CONDITIONS:
+            mine = [r for r in got if r.id.rsplit("::", 1)[1].split("#", 1)[0] == cond]
+            # The failed action as scored under this condition (the same emitted ids under every one).
+            rec = lp[i][0]["conditions"][cond]
+            repeats = sum(reproduces(r, rec["cand_token_ids"][0], rec.get("end_of_turn", True)) for r in mine)
+            semantic = sum(env.repeats_failure(by_id[i], r.text) for r in mine)
+            out[i][cond] = (len(mine), int(repeats), int(semantic))
     return out
