@@ -1,8 +1,8 @@
 """Run the study end to end: build items, score every condition's candidate set, decode greedily, summarise, report.
 
 Each stage shows a progress bar with ETA and is timed; one more bar counts the whole run's item-stages, so its ETA
-covers the stages still to come (fastscore.study.stages.progress). Work is persisted per item (see store.py), so a killed run
-resumes with `resume=True` where it stopped. Several items go into one scorer call so the engine shares the common
+covers the stages still to come (fastscore.study.stages.progress). Work is persisted per item (see stages/store.py),
+so a killed run resumes with `resume=True` where it stopped. Several items go into one scorer call so the engine shares the common
 prefixes of all their conditions and candidates; identical requests of one item (clean_retry renders to before's
 messages, ban scores after's candidate set) are sent once. Calls hold fixed chunks of the item list, so a resumed
 run makes exactly the calls an uninterrupted one makes and reproduces its numbers.
@@ -36,6 +36,7 @@ from fastscore.study.stages.score import score_stage
 from fastscore.study.analysis.sensitivity import attach_sensitivity
 from fastscore.study.stages.sensitivity import sensitivity_stage
 from fastscore.study.stages.store import SCORES_FILE, StudyStore
+from fastscore.study.sources import StudyOutcome, combine_sources
 
 log = logging.getLogger(__name__)
 
@@ -112,19 +113,6 @@ class StudyConfig:
             # How seeded failure kinds are drawn: items built under another rule must not be resumed as this one's.
             "seeded_failure_mix": None if self.failures == "model" else seeded_mix_rules(self.envs),
         }
-
-
-@dataclass(frozen=True)
-class StudyOutcome:
-    out_dir: Path
-    n_items: dict[str, int]  # items scored per env
-    n_item_errors: int  # items that could not be scored (item_errors.jsonl)
-    n_resumed: int  # items whose results were already stored when this invocation started
-    summary: dict[str, Any]
-    stage_seconds: dict[str, float]  # this invocation's stages
-    total_seconds: float
-    files: tuple[Path, ...]
-    by_source: dict[str, "StudyOutcome"] | None = None  # --failures both: each source's own outcome
 
 
 class StageTimer:
@@ -266,7 +254,6 @@ def run_study(
             return _run_locked(config, started, progress, after_item, scorer, report, items, run_bar)
         # Each source is a complete study in its own subfolder (resumable on its own); the top folder gets the
         # side-by-side report and a summary keyed by source.
-        from fastscore.study.sources import combine_sources
 
         outcomes = {}
         for source in FAILURE_SOURCES:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fastscore.outputs import write_text_atomic
 from fastscore.study.analysis.prior import MODEL, SEEDED, prior_of_run
@@ -17,9 +19,20 @@ from fastscore.study.stages.store import SUMMARY_FILE
 log = logging.getLogger(__name__)
 
 
-def combine_sources(config, outcomes: dict, total_seconds: float):
-    from fastscore.study.runner import StudyOutcome
+@dataclass(frozen=True)
+class StudyOutcome:
+    out_dir: Path
+    n_items: dict[str, int]  # items scored per env
+    n_item_errors: int  # items that could not be scored (item_errors.jsonl)
+    n_resumed: int  # items whose results were already stored when this invocation started
+    summary: dict[str, Any]
+    stage_seconds: dict[str, float]  # this invocation's stages
+    total_seconds: float
+    files: tuple[Path, ...]
+    by_source: dict[str, "StudyOutcome"] | None = None  # --failures both: each source's own outcome
 
+
+def combine_sources(config, outcomes: dict, total_seconds: float) -> StudyOutcome:
     out = Path(config.out_dir)
     summaries = {source: o.summary for source, o in outcomes.items()}
     # Per-item values the side-by-side summaries do not keep: read back from each source's stored score rows.

@@ -41,7 +41,8 @@ COPY_RECORD = "neutral"
 FAILURE_SPECIFIC = ("after", "success")
 LABEL_CONTRASTS = (FAILURE_SPECIFIC, ("after", "neutral"), ("success", "neutral"), ("dont_repeat", "after"),
                    ("neutral", "description"))  # the last: a record that shows the action vs one that describes it
-REPEAT_METRICS = ("p_repeat", "p_sample_repeat", "greedy_repeat_semantic", "greedy_repeat", "sampled_repeat_semantic_rate")
+REPEAT_METRICS = ("p_repeat", "p_sample_repeat", "greedy_repeat_semantic", "greedy_repeat",
+                  "sampled_repeat_semantic_rate")
 SCALES = ("per_call", "per_token")
 # Shares and probabilities over a small set that sit at 0 or 1 on every item measure nothing at this n (saturated).
 # Not exp(lp): an exact probability of 1e-12 is a value, not a bound reached.
@@ -113,7 +114,8 @@ def label_contrasts(table: "EnvTable", idx: np.ndarray) -> dict[str, Any]:
             est = paired_estimate(diff, idx)
             if est is not None:
                 both = {saturation(table.column(a, metric)), saturation(table.column(b, metric))}
-                if metric in SATURABLE and len(both) == 1 and None not in both:  # both records at the same bound on every item
+                # Both records at the same bound on every item: the difference measures nothing.
+                if metric in SATURABLE and len(both) == 1 and None not in both:
                     est["saturated"] = f"{SATURATED} (both records at the {both.pop()} bound on every item)"
                 repeats[metric] = est
         out["repeat_difference"][key] = repeats

@@ -1,4 +1,5 @@
-"""A study item: one task, one failed action with its error, and the fixed candidate set scored under every condition."""
+"""A study item: one task, one failed action with its error, and the fixed candidate set scored under every
+condition."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""report.md from a summary (fastscore.study.analysis.metrics.summarize) and the run's metadata; every sentence is computed."""
+"""report.md from a summary (fastscore.study.analysis.metrics.summarize) and the run's metadata; every sentence is
+computed."""
 
 from __future__ import annotations
 
