@@ -8,6 +8,7 @@ n and CIs per source and environment, and a run without committed rows is refuse
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ from click.testing import CliRunner
 
 from fastscore.cli import main
 from fastscore.errors import DataError
-from fastscore.study.shards.manifest import Manifest
+from fastscore.study.shards.manifest import Manifest, sha256_file
 from fastscore.study.shards.rescore import TOLERANCE
+from fastscore.study.shards.rowfiles import read_rows, write_rows
 from fastscore.study.shards.run import ShardRunConfig, run_shards
 
 
@@ -58,8 +60,6 @@ def test_the_run_s_own_type_reproduces_its_committed_rows(run, tmp_path, study_d
 
 
 def _committed_items(run: Path) -> list[dict]:
-    from fastscore.study.shards.rowfiles import read_rows
-
     return [r for f in sorted(run.glob("rows/seeded/tools/shard-*/items.parquet")) for r in read_rows(f)]
 
 
@@ -89,3 +89,51 @@ def test_a_run_without_committed_rows_is_refused(run, tmp_path, study_data):
     assert result.exit_code == DataError.exit_code
     assert "has no committed rows" in result.output
     assert not (tmp_path / "out" / "quant.json").exists()
+
+
+def _recommit(run: Path, kind: str, change) -> None:
+    """Change the rows of one kind of seeded/tools/00000 and record them in the manifest (a consistent commit of
+    rows the code did not make)."""
+    manifest = json.loads((run / "manifest.json").read_text())
+    entry = manifest["shards"]["seeded/tools/00000"]["files"][kind]
+    rows = read_rows(run / entry["file"])
+    change(rows)
+    write_rows(run / entry["file"], rows)
+    entry["sha256"] = sha256_file(run / entry["file"])
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_the_check_sees_rows_that_differ_and_refuses_rows_of_other_tokens(run, tmp_path, study_data):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".scratch", ".fastscore.lock*"))
+    first = read_rows(copy / "rows/seeded/tools/shard-00000/items.parquet")[0]["item_id"]
+
+    gains = []
+
+    def flip(rows):  # the first item's committed G turns into -G
+        lp = {r["condition"]: r["lp"] for r in rows if r["item_id"] == first}
+        gains.append(lp["before"] - lp["after"])
+        for row in rows:
+            if row["item_id"] == first and row["condition"] == "after":
+                row["lp"] = 2 * lp["before"] - lp["after"]
+
+    _recommit(copy, "scores", flip)
+    result = _check(copy, tmp_path / "out", study_data, "--variants", "llamacpp:f32")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    c = json.loads((tmp_path / "out" / "quant.json").read_text())["variants"]["llamacpp:f32"]["groups"]["all"]
+    print(f"committed G {gains[0]:.3f} of one item turned into its negative: max |dG| {c['max_abs_gain_diff']:.3g}, "
+          f"sign agreement {c['sign_agreement']}")
+    assert gains[0] != 0.0
+    assert c["sign_agreement"]["mean"] == 3 / 4
+    assert abs(c["max_abs_gain_diff"] - 2 * abs(gains[0])) <= TOLERANCE
+
+    def retoken(rows):
+        for row in rows:
+            if row["item_id"] == first:
+                ids = row["conditions"]["after"]["cand_token_ids"][1]
+                ids[0] = ids[0] + 1
+
+    _recommit(copy, "logprobs", retoken)
+    result = _check(copy, tmp_path / "again", study_data, "--variants", "llamacpp:f32")
+    assert result.exit_code == DataError.exit_code
+    assert "score other tokens than the committed rows" in result.output
