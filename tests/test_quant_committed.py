@@ -137,3 +137,13 @@ def test_the_check_sees_rows_that_differ_and_refuses_rows_of_other_tokens(run, t
     result = _check(copy, tmp_path / "again", study_data, "--variants", "llamacpp:f32")
     assert result.exit_code == DataError.exit_code
     assert "score other tokens than the committed rows" in result.output
+
+
+def test_options_that_pick_other_items_are_refused_with_run(tmp_path):
+    runner = CliRunner()
+    for extra in (["--limit", "3"], ["--env", "tools"], ["--requests", str(tmp_path / "r.jsonl")]):
+        (tmp_path / "r.jsonl").write_text("")
+        result = runner.invoke(main, ["bench", "quant", "--run", str(tmp_path), *extra])
+        assert result.exit_code == 2 and "--run" in result.output, (extra, result.output)
+    result = runner.invoke(main, ["bench", "quant", "--sample", "3"])
+    assert result.exit_code == 2 and "needs --run" in result.output

@@ -221,8 +221,13 @@ def _quant_check_run(run_dir, model, variants, out, data, seed, threads, n_boot,
     from fastscore.study.quantcheck.committed import RUN_DEFAULT_VARIANTS, CommittedCheckConfig, run_committed_check
     from fastscore.study.quantcheck.run import parse_variants
 
+    ctx = click.get_current_context()
     if requests is not None:
         raise click.UsageError("--run and --requests are two different item sources: give one")
+    for name in ("limit", "envs"):
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"--{name.rstrip('s')} picks items from the data; with --run the items are the "
+                                   "run's committed ones (--sample N --seed S for a sample)")
     chosen = parse_variants(variants) if variants else RUN_DEFAULT_VARIANTS
     check_extras("study", "parquet", *(e for v in chosen for e in extras_for_backend(v.backend)),
                  purpose="fastscore bench quant --run")
