@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from fastscore.study.metrics_stats import CI_LEVEL, assert_json_safe, resample_indices, wilson_ci
-from fastscore.study.quantcheck.stats import mean_shift
+from fastscore.study.quantcheck.stats import MARGIN_EDGES, binned_sign_agreement, mean_shift
 
 ALL = "all"
 REFERENCE_NOTE = ("the run's committed rows, scored by its exact backend ({backend} {quant}); for the embedded model "
@@ -31,6 +31,8 @@ def compare_group(items: Sequence, var, mask: np.ndarray, idx: np.ndarray) -> di
     return {
         "n": int(mask.sum()),
         "sign_agreement": wilson_ci(same_sign).to_dict(),
+        # An item far from G = 0 keeps its sign under most perturbations: agreement is read against the margins held.
+        "sign_agreement_by_margin": binned_sign_agreement(g_ref, g_var),
         "shift_gain_per_token": mean_shift(g_ref / n_tokens, g_var / n_tokens, idx),
         "max_abs_gain_diff": float(np.max(np.abs(g_var - g_ref))),
         "mean_gain_committed": float(g_ref.mean()),
@@ -65,6 +67,8 @@ def summarize(items: Sequence, scores: dict, settings: dict[str, Any], config) -
                               f"{int(CI_LEVEL * 100)}% Wilson score interval",
             "shift": f"mean over items of (variant - committed) G / n_tokens under `after`, {int(CI_LEVEL * 100)}% "
                      f"percentile bootstrap CI ({config.n_boot} resamples of items)",
+            "margin_bins": "sign agreement within bins of |committed G| (nats): "
+                           + ", ".join(f"[{lo:g}, {hi:g})" for lo, hi in zip(MARGIN_EDGES[:-1], MARGIN_EDGES[1:])),
             "argmax_agreement_after": "share of items whose most probable candidate under `after` is the committed "
                                       "one, Wilson score interval",
         },
@@ -102,6 +106,10 @@ def _ci(entry: dict[str, Any], digits: int, percent: bool = False) -> str:
     return f"{scale * entry['mean']:.{digits}f}{unit} [{bounds}]"
 
 
+def _bins(bins: Sequence[dict[str, Any]]) -> str:
+    return ", ".join(f"{100 * b['agreement']:.0f}% of {b['n']}" if b["n"] else "none" for b in bins)
+
+
 def render_markdown(summary: dict[str, Any]) -> str:
     items = summary["items"]
     how = "every committed item" if items["sample"] is None else f"a seeded sample (seed {items['seed']})"
@@ -111,12 +119,13 @@ def render_markdown(summary: dict[str, Any]) -> str:
              f"Reference: {summary['reference']}. No reference is re-scored: each variant scores the committed "
              "items' `before` and `after` requests as the study rendered them, and is compared with the rows.", "",
              "| variant | source/env | n | sign agreement [95% CI] | Δ G/token (variant − committed) [95% CI] | "
-             "max abs ΔG | mean G committed → variant | argmax agreement under after |",
-             "|---|---|---|---|---|---|---|---|"]
+             "by abs(G committed) bin | max abs ΔG | mean G committed → variant | argmax agreement under after |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for label, entry in summary["variants"].items():
         for group, c in entry["groups"].items():
             lines.append(f"| {label} | {group} | {c['n']} | {_ci(c['sign_agreement'], 1, True)} | "
-                         f"{_ci(c['shift_gain_per_token'], 4)} | {c['max_abs_gain_diff']:.3g} | "
+                         f"{_ci(c['shift_gain_per_token'], 4)} | {_bins(c['sign_agreement_by_margin'])} | "
+                         f"{c['max_abs_gain_diff']:.3g} | "
                          f"{c['mean_gain_committed']:+.3f} → {c['mean_gain_variant']:+.3f} | "
                          f"{_ci(c['argmax_agreement_after'], 1, True)} |")
     lines += [""] + [f"- {k}: {v}" for k, v in summary["definitions"].items()]
