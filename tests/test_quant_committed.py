@@ -147,3 +147,27 @@ def test_options_that_pick_other_items_are_refused_with_run(tmp_path):
         assert result.exit_code == 2 and "--run" in result.output, (extra, result.output)
     result = runner.invoke(main, ["bench", "quant", "--sample", "3"])
     assert result.exit_code == 2 and "needs --run" in result.output
+
+
+def _with_other_template(source: Path) -> Path:
+    """The checkpoint with one more newline after each message: the same weights, other tokens (kept in the cache, as
+    its conversions are)."""
+    from fastscore import cache
+
+    final = cache.home() / "test-models" / f"{source.name}-double-newline"
+    if not cache.is_complete(final):
+        with cache.atomic_dir(final) as scratch:
+            shutil.copytree(source, scratch, dirs_exist_ok=True)
+            config = json.loads((scratch / "tokenizer_config.json").read_text())
+            end = "'<|im_end|>' + '\n'"  # a newline inside the template's string literal
+            assert end in config["chat_template"]
+            (scratch / "chat_template.jinja").write_text(config.pop("chat_template").replace(end, end + " + '\n'"))
+            (scratch / "tokenizer_config.json").write_text(json.dumps(config))
+    return final
+
+
+def test_a_variant_that_tokenizes_the_requests_differently_is_refused(run, tiny_model, tmp_path, study_data):
+    other = _with_other_template(tiny_model("llama"))
+    result = _check(run, tmp_path / "out", study_data, "--model", str(other), "--variants", "llamacpp:f32")
+    assert result.exit_code == DataError.exit_code, result.output + repr(result.exception)
+    assert "tokenizes seeded/tools item" in result.output and "differently from the run's model" in result.output
