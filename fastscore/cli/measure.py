@@ -229,7 +229,8 @@ def _quant_check_run(run_dir, model, variants, out, data, seed, threads, n_boot,
             raise click.UsageError(f"--{name.rstrip('s')} picks items from the data; with --run the items are the "
                                    "run's committed ones (--sample N --seed S for a sample)")
     chosen = parse_variants(variants) if variants else RUN_DEFAULT_VARIANTS
-    check_extras("study", "parquet", *(e for v in chosen for e in extras_for_backend(v.backend)),
+    # No plots: the rows as Parquet and the variants' backends (the run's own backend says so itself when it opens).
+    check_extras("parquet", *(e for v in chosen for e in extras_for_backend(v.backend)),
                  purpose="fastscore bench quant --run")
     summary = run_committed_check(CommittedCheckConfig(
         run_dir=run_dir, out_dir=out, data_dir=data, variants=chosen, sample=sample, seed=seed, threads=threads,
