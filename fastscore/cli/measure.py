@@ -174,9 +174,18 @@ def bench_scale(models, data, out, limit, threads, repeats, greedy_batch, new_to
 @click.option("--requests", "requests", default=None, type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Check on this scoring file (fastscore score's input) instead of the study's items: per-token "
                    "and per-candidate differences, argmax changes and contrast sign flips against the reference.")
+@click.option("--run", "run_dir", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Check on the committed items of this sharded run (fastscore study-shards) instead, against its "
+                   "committed rows (no reference re-scored; default variants: llamacpp:q8_0,llamacpp:q4_0).")
+@click.option("--sample", default=None, type=click.IntRange(min=1),
+              help="With --run: a seeded random sample of this many committed items (--seed) instead of all.")
 @friendly
-def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot, requests) -> None:
+def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot, requests, run_dir, sample) -> None:
     """Score the same study items under every quantised variant and compare each with the fp32 reference."""
+    if run_dir is not None:
+        return _quant_check_run(run_dir, model, variants, out, data, seed, threads, n_boot, sample, requests)
+    if sample is not None:
+        raise click.UsageError("--sample samples a run's committed items: it needs --run")
     from fastscore.deps import check_extras, extras_for_backend
     from fastscore.study.quantcheck.run import DEFAULT_VARIANTS, QuantCheckConfig, parse_variants, run_quant_check
     from fastscore.registry import default_model
@@ -205,6 +214,33 @@ def quant_check(model, limit, envs, variants, out, data, seed, threads, n_boot, 
     for label, groups in summary["variants"].items():
         click.echo(f"{label}: " + "; ".join(f"{g}: {c['sign_of_mean']}" for g, c in groups.items()))
     click.echo(f"results in {out}/ (quant.md, quant.json, plots)")
+
+
+def _quant_check_run(run_dir, model, variants, out, data, seed, threads, n_boot, sample, requests) -> None:
+    from fastscore.deps import check_extras, extras_for_backend
+    from fastscore.study.quantcheck.committed import RUN_DEFAULT_VARIANTS, CommittedCheckConfig, run_committed_check
+    from fastscore.study.quantcheck.run import parse_variants
+
+    ctx = click.get_current_context()
+    if requests is not None:
+        raise click.UsageError("--run and --requests are two different item sources: give one")
+    for name in ("limit", "envs"):
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"--{name.rstrip('s')} picks items from the data; with --run the items are the "
+                                   "run's committed ones (--sample N --seed S for a sample)")
+    chosen = parse_variants(variants) if variants else RUN_DEFAULT_VARIANTS
+    # No plots: the rows as Parquet and the variants' backends (the run's own backend says so itself when it opens).
+    check_extras("parquet", *(e for v in chosen for e in extras_for_backend(v.backend)),
+                 purpose="fastscore bench quant --run")
+    summary = run_committed_check(CommittedCheckConfig(
+        run_dir=run_dir, out_dir=out, data_dir=data, variants=chosen, sample=sample, seed=seed, threads=threads,
+        n_boot=n_boot, model=model, command=command_line(), progress=True))
+    for label, entry in summary["variants"].items():
+        for group, c in entry["groups"].items():
+            s, d = c["sign_agreement"], c["shift_gain_per_token"]
+            click.echo(f"{label} {group}: n={c['n']} sign agreement {s['mean']:.3f} [{s['lo']:.3f}, {s['hi']:.3f}]; "
+                       f"G/token shift {d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}]")
+    click.echo(f"results in {out}/ (quant.md, quant.json)")
 
 
 def _renamed(command: click.Command, old_name: str) -> None:
