@@ -45,7 +45,7 @@ def test_verdicts_follow_the_interval_and_the_claims_side():
 
 
 def test_a_reproduced_direction_says_whether_the_papers_value_lies_inside_the_ci():
-    from fastscore.study.readme_table import paper_value_inside
+    from fastscore.study.report.readme_table import paper_value_inside
 
     assert G_CLAIM.paper_value == (-1.03, -1.03)
     assert paper_value_inside({"mean": -1.0, "lo": -1.1, "hi": -0.9, "n": 50}, G_CLAIM) is True

@@ -62,10 +62,10 @@ class CommittedItem:
 def load_committed_items(run_dir: Path, data_dir: Path, sample: int | None = None, seed: int = 0
                          ) -> tuple[list[CommittedItem], dict[str, Any]]:
     """The run's committed items (a seeded sample of `sample` of them, or all) and the run's settings."""
-    from fastscore.study.conditions import render_conditions
-    from fastscore.study.envs import open_envs
-    from fastscore.study.items import Item
-    from fastscore.study.onpolicy import scored_candidates
+    from fastscore.study.data.conditions import render_conditions
+    from fastscore.study.data.envs import open_envs
+    from fastscore.study.data.items import Item
+    from fastscore.study.stages.onpolicy import scored_candidates
     from fastscore.study.shards.manifest import Manifest
     from fastscore.study.shards.rescore import committed_rows
     from fastscore.study.shards.rescore import sample as sample_items

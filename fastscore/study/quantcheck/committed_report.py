@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fastscore.study.metrics_stats import CI_LEVEL, assert_json_safe, resample_indices, wilson_ci
+from fastscore.study.analysis.stats import CI_LEVEL, assert_json_safe, resample_indices, wilson_ci
 from fastscore.study.quantcheck.stats import MARGIN_EDGES, binned_sign_agreement, mean_shift
 
 ALL = "all"
