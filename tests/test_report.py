@@ -162,9 +162,19 @@ def test_clean_retry_share_is_wilson_over_all_samples_and_fixed_cells_are_not_ap
 
     # On-policy rows: 8 sampled retries per item from the clean context, one repeat among all 25 * 8 = 200 samples.
     # Judged in meaning, 3 of each of the first 5 items' samples repeat (other spellings of the same call).
-    rows = [replace(r, sampled_k=8, sampled_repeat=int(r.item_id == "tools-3"),
-                    sampled_repeat_semantic=3 * (int(r.item_id.split("-")[1]) < 5)) if r.condition == "clean_retry"
-            else r for r in study_rows(shift=3.0)]
+    # Under the records too (every record is sampled on policy): after, 2 of 8 in meaning on the first 10 items;
+    # success, none.
+    def sampled(r):
+        first = int(r.item_id.split("-")[1])
+        if r.condition == "clean_retry":
+            return replace(r, sampled_k=8, sampled_repeat=int(r.item_id == "tools-3"),
+                           sampled_repeat_semantic=3 * (first < 5))
+        if r.condition in ("after", "success"):
+            return replace(r, sampled_k=8, sampled_repeat=0,
+                           sampled_repeat_semantic=2 * (first < 10) if r.condition == "after" else 0)
+        return r
+
+    rows = [sampled(r) for r in study_rows(shift=3.0)]
     summary = summarize(rows, seed=0, n_boot=100)
     share = summary["tools"]["conditions"]["clean_retry"]["sampled_repeat_rate"]
     lo, hi = wilson_interval(1, 200)
@@ -173,7 +183,13 @@ def test_clean_retry_share_is_wilson_over_all_samples_and_fixed_cells_are_not_ap
     semantic = summary["tools"]["conditions"]["clean_retry"]["sampled_repeat_semantic_rate"]
     lo, hi = wilson_interval(15, 200)
     assert (semantic["mean"], semantic["lo"], semantic["hi"], semantic["n"]) == (15 / 200, lo, hi, 200)
-    assert "sampled_repeat_semantic_rate" not in summary["tools"]["conditions"]["after"]  # only retries are sampled
+    after = summary["tools"]["conditions"]["after"]["sampled_repeat_semantic_rate"]
+    assert (after["mean"], after["n"]) == (20 / 200, 200)
+    assert "sampled_repeat_semantic_rate" not in summary["tools"]["conditions"]["neutral"]  # not sampled here
+    # Paired per item: the share of after's samples repeating in meaning minus success's (10 of 25 items at 2/8).
+    diff = summary["tools"]["label"]["repeat_difference"]["after-success"]["sampled_repeat_semantic_rate"]
+    print("after - success, sampled semantic:", diff)
+    assert diff["mean"] == pytest.approx(10 * 0.25 / 25) and diff["n"] == 25
     text = write_report(summary, tmp_path, {**META, "failure_source": "model"}).read_text()
     assert "Judged in meaning, as the greedy repeats are" in text and "0.075" in text
     ban_row = next(line for line in text.splitlines() if line.startswith("| ban |"))
