@@ -35,3 +35,16 @@ def test_two_committed_items_re_score_to_their_rows(study_data, smollm_artefact)
 def test_the_readme_table_is_the_one_the_committed_summary_gives():
     result = CliRunner().invoke(main, ["study-table", str(RUN), "--check", str(ROOT / "README.md")])
     assert result.exit_code == 0, result.output
+
+
+def test_the_committed_run_resumes_under_the_codes_settings():
+    """`study-shards run` refuses a run made under other settings: a changed default (a new setting, another
+    --retries) must come with the committed manifest's settings updated where no committed row depends on them."""
+    from fastscore.study.shards.manifest import Manifest
+    from fastscore.study.shards.run import config_from_manifest
+
+    manifest = Manifest.open(RUN, None)
+    now = config_from_manifest(manifest, RUN).settings()
+    differing = {k: (manifest.settings.get(k), now.get(k)) for k in set(manifest.settings) | set(now)
+                 if manifest.settings.get(k) != now.get(k)}
+    assert not differing, f"the committed run's settings differ from the code's (was, now): {differing}"
