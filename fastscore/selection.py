@@ -45,6 +45,8 @@ def _options_record(backend: str, given, n_ctx: int | None):
             return record
         return options_for(backend, {**{f.name: getattr(record, f.name) for f in dataclasses.fields(record)},
                                      "n_ctx": n_ctx})
+    if isinstance(given, str):  # one key=value, not its characters
+        given = (given,)
     pairs = [f"{k}={v}" for k, v in given.items()] if isinstance(given, Mapping) else list(given or ())
     if n_ctx:
         pairs.append(f"n_ctx={n_ctx}")

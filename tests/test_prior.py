@@ -123,7 +123,8 @@ def test_the_report_of_a_run_over_both_sources_has_the_section_and_summary_json_
     from test_report import study_rows
 
     from fastscore.study.analysis.metrics import summarize
-    from fastscore.study.runner import StudyConfig, StudyOutcome
+    from fastscore.study.runner import StudyConfig
+    from fastscore.study.sources import StudyOutcome
     from fastscore.study.sources import combine_sources
     from fastscore.study.stages.store import SCORES_FILE
 

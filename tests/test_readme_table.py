@@ -40,7 +40,9 @@ def test_verdicts_follow_the_interval_and_the_claims_side():
     assert verdict({"mean": -1, "lo": -1.2, "hi": -0.8, "n": 4}, G_CLAIM) == NOT_MEASURABLE  # too few items
     # "≈ 0" claims: a CI inside the margin reproduces, one that excludes 0 refutes, a wide one cannot tell.
     assert verdict({"mean": 0, "lo": -0.1, "hi": 0.1, "n": 5}, LABEL_CLAIM) == REPRODUCED
-    assert verdict({"mean": -0.4, "lo": -0.6, "hi": -0.2, "n": 5}, LABEL_CLAIM) == NOT_REPRODUCED
+    assert verdict({"mean": -0.4, "lo": -0.6, "hi": -0.3, "n": 5}, LABEL_CLAIM) == NOT_REPRODUCED  # outside ±0.25
+    assert verdict({"mean": -0.4, "lo": -0.6, "hi": -0.2, "n": 5}, LABEL_CLAIM) == NOT_MEASURABLE  # across the edge
+    assert verdict({"mean": -0.03, "lo": -0.04, "hi": -0.02, "n": 5}, LABEL_CLAIM) == REPRODUCED  # small, precise
     assert verdict({"mean": 0, "lo": -0.9, "hi": 0.9, "n": 5}, LABEL_CLAIM) == NOT_MEASURABLE
 
 

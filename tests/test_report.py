@@ -190,8 +190,14 @@ def test_clean_retry_share_is_wilson_over_all_samples_and_fixed_cells_are_not_ap
     diff = summary["tools"]["label"]["repeat_difference"]["after-success"]["sampled_repeat_semantic_rate"]
     print("after - success, sampled semantic:", diff)
     assert diff["mean"] == pytest.approx(10 * 0.25 / 25) and diff["n"] == 25
+    # Clean retry measured like every other record: its semantic share minus after's, paired (5 items at 3/8 vs
+    # 10 items at 2/8 over 25 items).
+    vs_after = summary["tools"]["clean_retry"]["semantic_minus"]["after"]
+    assert vs_after["mean"] == pytest.approx((5 * 3 / 8 - 10 * 2 / 8) / 25) and vs_after["n"] == 25
+    assert "ranking" in vs_after and "description" not in summary["tools"]["clean_retry"]["semantic_minus"]
     text = write_report(summary, tmp_path, {**META, "failure_source": "model"}).read_text()
     assert "Judged in meaning, as the greedy repeats are" in text and "0.075" in text
+    assert "samples repeating in meaning: clean retry - vs, paired" in text
     ban_row = next(line for line in text.splitlines() if line.startswith("| ban |"))
     assert "not applicable (0 by construction)" in ban_row and "0 [0, 0]" not in ban_row
     assert "Greedy exact reproduction after the record:" in text and "(before it: not applicable" in text

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fastscore.study.report.document import headline
-from fastscore.study.runner import StudyOutcome
+from fastscore.study.sources import StudyOutcome
 
 
 def _est(mean, lo, hi, n=20):

@@ -224,7 +224,8 @@ def test_both_failure_sources_are_reported_side_by_side(tmp_path):
 
     from fastscore.study.analysis.metrics import summarize
     from fastscore.study.report.document import headline
-    from fastscore.study.runner import StudyConfig, StudyOutcome
+    from fastscore.study.runner import StudyConfig
+    from fastscore.study.sources import StudyOutcome
     from fastscore.study.sources import combine_sources
 
     summary = summarize(study_rows(shift=3.0, n=8), seed=0, n_boot=100)

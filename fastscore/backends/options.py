@@ -161,7 +161,7 @@ def parse_options(backend: str, pairs: Sequence[str]):
         except ValueError:
             raise RequestError(f"backend option {key}={text!r}: expected a value of type {kind.__name__}") from None
         if key in fields and fields[key] != value:
-            raise SettingsError(f"backend option {key} is given twice, as {fields[key]!r} and as {value!r} "
-                                f"(--n-ctx sets n_ctx too): give it once")
+            raise SettingsError(f"backend option {key} is given twice, as {fields[key]!r} and as {value!r}"
+                                + (" (--n-ctx sets n_ctx too)" if key == "n_ctx" else "") + ": give it once")
         fields[key] = value
     return options_for(backend, fields)

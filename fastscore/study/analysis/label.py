@@ -31,8 +31,8 @@ from fastscore.study.data.conditions import REFERENCE
 from fastscore.study.analysis.power import MIN_ITEMS, SATURATED, power_fields, saturation
 from fastscore.study.analysis.stats import bootstrap_ci, present_count
 
-if TYPE_CHECKING:  # metrics imports this module; the table type is only annotated here
-    from fastscore.study.analysis.metrics import EnvTable
+if TYPE_CHECKING:  # the table type is only annotated here
+    from fastscore.study.analysis.table import EnvTable
 
 SHOWING_RECORDS = ("after", "success", "neutral", "description", "dont_repeat")
 ACTIONS = ("shown", "correct", "alternative")
@@ -148,8 +148,9 @@ BY_CONSTRUCTION = ("by construction: the clean retry's context is `before`'s, so
 
 def clean_retry_contrasts(table: "EnvTable", idx: np.ndarray) -> dict[str, Any]:
     """Clean retry against the harnesses that keep a record, on P(one T=1 sample = the failed action) = exp(lp):
-    paired per item, exp(lp(before)) - exp(lp(rival)) (positive: clean retry repeats more). Only where clean retry
-    is measured (the model's own failures); a ranking is stated only when the CI excludes 0 (`ranking`)."""
+    paired per item, exp(lp(before)) - exp(lp(rival)) (positive: clean retry repeats more); and on the measured share
+    of samples repeating it in meaning (`semantic_minus`). Only where clean retry is measured (the model's own
+    failures); a ranking is stated only when the CI excludes 0 (`ranking`)."""
     if not table.has(CLEAN_RETRY):
         return {}
     clean = table.column(REFERENCE, "p_sample_repeat")
@@ -163,6 +164,17 @@ def clean_retry_contrasts(table: "EnvTable", idx: np.ndarray) -> dict[str, Any]:
             est["ranking"] = tie_verdict(est, f"clean retry repeats more than {rival}",
                                          f"clean retry repeats less than {rival}")
             out["minus"][rival] = est
+    # Measured like every other record: the share of k samples repeating the failed action in meaning, clean
+    # retry's minus the rival's, paired per item (the samples of each record come from its own context).
+    semantic = "sampled_repeat_semantic_rate"
+    clean_semantic = table.column(CLEAN_RETRY, semantic)
+    out["semantic_minus"] = {}
+    for rival in CLEAN_RETRY_RIVALS:
+        est = paired_estimate(clean_semantic - table.column(rival, semantic), idx)
+        if est is not None:
+            est["ranking"] = tie_verdict(est, f"clean retry repeats more in meaning than {rival}",
+                                         f"clean retry repeats less in meaning than {rival}")
+            out["semantic_minus"][rival] = est
     return out
 
 

@@ -39,8 +39,8 @@ CONDITION_COLUMNS = (
     ("greedy_success", "greedy success"),
     ("banned_mass", "banned mass"),
     ("p_sample_repeat", "P(T=1 sample = failed) = exp(lp)"),
-    ("sampled_repeat_rate", "sampled retries repeating"),
-    ("sampled_repeat_semantic_rate", "sampled retries repeating, semantic"),
+    ("sampled_repeat_rate", "samples repeating"),
+    ("sampled_repeat_semantic_rate", "samples repeating, semantic"),
 )
 # Cells whose value holds by construction, per failure source: (condition, column) -> why.
 BY_CONSTRUCTION = {
@@ -174,8 +174,10 @@ def _condition_table(conditions: dict[str, Any], marks: dict[tuple[str, str], st
             cells.append(f"not applicable ({marks[cond, k]})" if (cond, k) in marks and k in metrics else text)
         rows.append([cond] + cells)
     note = ("\n\nP(T=1 sample = failed) = exp(lp): the exact probability that one sample at temperature 1.0 from "
-            "that context is the failed action token for token; `sampled retries repeating` is the measured share of "
-            "k seeded samples from the clean context (clean_retry, on-policy failures only), which estimates it.")
+            "that context is the failed action token for token; `samples repeating` is the measured share of k seeded "
+            "samples from that condition's context (every record and clean_retry; on-policy failures only), which "
+            "estimates it, and `samples repeating, semantic` the share that repeat it in meaning. Under seeded "
+            "failures nothing is sampled (those columns read n/a): the committed seeded rows define that source.")
     return _table(["condition"] + [label for _, label in CONDITION_COLUMNS], rows) + note
 
 

@@ -1,6 +1,6 @@
 """report.html: one self-contained page (no network, no external file) beside a study's report.md.
 
-It opens with a summary (n, what G means, the headline G with its interval; report_html_summary.py), then the
+It opens with a summary (n, what G means, the headline G with its interval; html_summary.py), then the
 per-condition tables with columns named for people, the study's plots (its PNGs, inlined), and a per-item explorer:
 the failed action's tokens coloured by each token's G = log p(before) - log p(after), the same colours as the tables
 (red: G < 0, backfire, the token became more likely after the failure record; blue: G > 0) — so one sees whether the

@@ -125,6 +125,8 @@ def clean_retry_section(summary: dict[str, Any]) -> str | None:
     if not retry:
         return None
     rows = [[rival, power_cell(est), est.get("ranking", "")] for rival, est in retry.get("minus", {}).items()]
+    semantic_rows = [[rival, power_cell(est), est.get("ranking", "")]
+                     for rival, est in (retry.get("semantic_minus") or {}).items()]
     clean = summary.get("conditions", {}).get("clean_retry", {})
     sampled, semantic = clean.get("sampled_repeat_rate"), clean.get("sampled_repeat_semantic_rate")
     in_meaning = ("" if semantic is None else
@@ -137,6 +139,10 @@ def clean_retry_section(summary: dict[str, Any]) -> str | None:
         f"{cell(retry['p_sample_repeat'])}, **by construction** (the clean retry's messages are `before`'s); the "
         f"sampled retries estimate it: {cell(sampled)} of the samples repeated it token for token." + in_meaning,
         table(["vs", "exp(lp(before)) - exp(lp(vs)), paired", "ranking (stated only when the CI excludes 0)"], rows),
+        *([("Measured like every other record: the share of each record's k samples that repeat the failed action "
+            "in meaning, clean retry's minus the rival's, paired per item:"),
+           table(["vs", "samples repeating in meaning: clean retry - vs, paired",
+                  "ranking (stated only when the CI excludes 0)"], semantic_rows)] if semantic_rows else []),
     ])
 
 

@@ -20,7 +20,8 @@ from typing import Any
 from fastscore.errors import DataError
 from fastscore.outputs import write_text_atomic
 from fastscore.study.report.document import REPORT_NAME
-from fastscore.study.runner import StageTimer, StudyConfig, StudyOutcome, summarise_and_report
+from fastscore.study.runner import StageTimer, StudyConfig, summarise_and_report
+from fastscore.study.sources import StudyOutcome
 from fastscore.study.shards.manifest import Manifest
 from fastscore.study.shards.plan import ShardSpec, partition
 from fastscore.study.shards.rescore import committed_rows
