@@ -167,7 +167,26 @@ def _with_other_template(source: Path) -> Path:
 
 
 def test_a_variant_that_tokenizes_the_requests_differently_is_refused(run, tiny_model, tmp_path, study_data):
+    # The CLI refuses another model outright (next test); the tokenization check guards a variant of the run's own
+    # model whose conversion renders other tokens, simulated here with the same weights under another template.
+    from fastscore.selection import ModelSelection
+    from fastscore.study.quantcheck.committed import load_committed_items, reference_tokens, score_committed
+    from fastscore.variants import get
+
     other = _with_other_template(tiny_model("llama"))
-    result = _check(run, tmp_path / "out", study_data, "--model", str(other), "--variants", "llamacpp:f32")
-    assert result.exit_code == DataError.exit_code, result.output + repr(result.exception)
-    assert "tokenizes seeded/tools item" in result.output and "differently from the run's model" in result.output
+    items, settings = load_committed_items(run, study_data)
+    own = ModelSelection.resolve(settings["model"], "llamacpp", "f32", threads=1)
+    ref_tokens = reference_tokens(own, items, settings["include_end_of_turn"])
+    variant = get("llamacpp", "f32")
+    with pytest.raises(DataError, match="differently from the run's model") as caught:
+        score_committed(variant, ModelSelection.resolve(str(other), "llamacpp", "f32", threads=1), items,
+                        settings["include_end_of_turn"], ref_tokens, False)
+    print(caught.value)
+    assert "tokenizes seeded/tools item" in str(caught.value)
+
+
+def test_another_models_variants_are_refused_against_the_runs_rows(run, tmp_path, study_data):
+    result = _check(run, tmp_path / "out", study_data, "--model", "smollm2-360m-instruct")
+    assert result.exit_code == DataError.exit_code, result.output
+    assert "its rows are no reference for 'smollm2-360m-instruct'" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()

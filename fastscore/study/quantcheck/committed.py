@@ -192,9 +192,12 @@ def run_committed_check(config: CommittedCheckConfig) -> dict[str, Any]:
     # The run, its rows, the data and every name first: nothing is created in --out for a check that cannot start.
     items, settings = load_committed_items(config.run_dir, config.data_dir, config.sample, config.seed)
     model = config.model or settings["model"]
+    if model != settings["model"]:  # another model's variants against these rows would measure the model, not the type
+        raise DataError(f"{config.run_dir} was run on {settings['model']!r}: its rows are no reference for {model!r}")
     own = ModelSelection.resolve(settings["model"], settings["backend"], settings["quant"],
                                  hf_path=settings.get("hf_path"), threads=config.threads)
-    selections = [ModelSelection.resolve(model, v.backend, v.quant, threads=config.threads) for v in config.variants]
+    selections = [ModelSelection.resolve(model, v.backend, v.quant, hf_path=settings.get("hf_path"),
+                                         threads=config.threads) for v in config.variants]
     eot = settings["include_end_of_turn"]
     log.info("quant check on %s: %d committed items, %d variants", config.run_dir, len(items), len(config.variants))
     with OutDirLock(Path(config.out_dir)):

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from fastscore.outputs import write_text_atomic
+
 from fastscore.study.analysis.stats import CI_LEVEL, assert_json_safe, resample_indices, wilson_ci
 from fastscore.study.quantcheck.stats import MARGIN_EDGES, binned_sign_agreement, mean_shift
 
@@ -94,8 +96,8 @@ def write_outputs(summary: dict[str, Any], items: Sequence, scores: dict, out_di
     full = {**summary, "per_item": per_item_rows(items, scores)}
     assert_json_safe(full)
     paths = [Path(out_dir) / "quant.json", Path(out_dir) / "quant.md"]
-    paths[0].write_text(json.dumps(full, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    paths[1].write_text(render_markdown(summary), encoding="utf-8")
+    write_text_atomic(paths[0], json.dumps(full, indent=1, allow_nan=False) + "\n")
+    write_text_atomic(paths[1], render_markdown(summary))
     return paths
 
 
