@@ -65,7 +65,8 @@ __all__ = [
 GAIN_METRICS = ("gain", "gain_per_token", "odds_factor", "share_negative")
 # Per-item 0/1 outcomes: their share gets a Wilson interval, never a percentile bootstrap (which collapses at 0 and 1).
 BINARY_METRICS = ("greedy_repeat", "greedy_repeat_program", "greedy_repeat_semantic", "greedy_success")
-# Sampled retries' shares: rate metric -> the ScoreRow count it divides by sampled_k (token for token, in meaning).
+# Shares of the samples under a condition: rate metric -> the ScoreRow count it divides by sampled_k (token for token,
+# in meaning).
 SAMPLED_RATES = {"sampled_repeat_rate": "sampled_repeat", "sampled_repeat_semantic_rate": "sampled_repeat_semantic"}
 ROW_METRICS = ("p_repeat", "p_repeat_norm", *BINARY_METRICS, "banned_mass", "p_sample_repeat", *SAMPLED_RATES)
 TABLE_COLUMNS = ("lp", "n_tokens", "correct_lp", "correct_n", "alt_lp", "alt_lp_per_token", "sampled_k",
@@ -230,7 +231,7 @@ def _condition_metrics(table: EnvTable, cond: str, idx: np.ndarray) -> dict[str,
 
 
 def sampled_share(table: EnvTable, cond: str, count: str = "sampled_repeat") -> Estimate:
-    """The share of all sampled retries that repeat the failed action (`count`: token for token, or in meaning with
+    """The share of all samples under `cond` that repeat the failed action (`count`: token for token, or in meaning with
     "sampled_repeat_semantic"), with its Wilson interval.
 
     Every item has the same k, so the share equals the mean of the per-item shares; a percentile bootstrap of those

@@ -43,7 +43,7 @@ def score_rows(item: Item, lp_record: dict[str, Any], greedy: dict[str, GreedyRe
                decoded: dict[str, bool] | None = None, samples: dict[str, tuple[int, int, int]] | None = None
                ) -> list[ScoreRow]:
     """`decoded[c]` False: c's completion was read off the argmax chain; `samples[c]` = (k, repeats token for token,
-    repeats in meaning) of sampled retries from c's context."""
+    repeats in meaning) of the samples drawn from c's context."""
     rows = []
     for cond in CONDITIONS:
         scored, completion = lp_record["conditions"][cond], greedy[cond]
