@@ -45,7 +45,7 @@ SeededItems = tuple[list[Item], list[Skipped]]
 
 FAILURE_SOURCES = ("seeded", "model")
 BOTH = "both"  # every failure source, each in its own subfolder of --out, reported side by side
-RETRIES = 4  # sampled completions per on-policy item under each record and the clean retry
+RETRIES = 2  # samples per on-policy item under each record and the clean retry (docs/study.md, "Repeats")
 # Items per env of `make study`, sized so both envs, all conditions and greedy decoding finish in about ten minutes
 # on the 2-core study machine. Measured with nothing else running: 20 per env took 466 s (scoring 217 s, greedy
 # 242 s; 512 s before the scorer's group budget), 8 per env 205 s. Other jobs on the same 2 cores slow it roughly
