@@ -315,6 +315,7 @@ def test_the_default_data_folder_does_not_depend_on_the_working_directory(tmp_pa
 
     monkeypatch.delenv("FASTSCORE_DATA", raising=False)
     here = default_data_dir()
+    assert here == Path(__file__).resolve().parents[2] / "shared" / "data"  # beside the checkout, as documented
     monkeypatch.chdir(tmp_path)
     assert default_data_dir() == here and here.is_absolute()
     assert StudyConfig().data_dir == here

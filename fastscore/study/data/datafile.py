@@ -13,4 +13,5 @@ def default_data_dir() -> Path:
     """The study data folder: $FASTSCORE_DATA, else `shared/data` beside the checkout (where the Makefile's
     DATA=../shared/data points), whatever the working directory."""
     chosen = os.environ.get(DATA_VARIABLE)
-    return Path(chosen) if chosen else Path(__file__).resolve().parents[3] / "shared" / "data"
+    beside = Path(__file__).resolve().parents[4]  # fastscore/study/data/datafile.py -> the folder holding the checkout
+    return Path(chosen) if chosen else beside / "shared" / "data"
