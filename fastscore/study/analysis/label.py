@@ -154,27 +154,25 @@ def clean_retry_contrasts(table: "EnvTable", idx: np.ndarray) -> dict[str, Any]:
     if not table.has(CLEAN_RETRY):
         return {}
     clean = table.column(REFERENCE, "p_sample_repeat")
-    out: dict[str, Any] = {"p_sample_repeat": {**bootstrap_ci(clean, idx).to_dict(), "note": BY_CONSTRUCTION},
-                           "minus": {}}
+    return {"p_sample_repeat": {**bootstrap_ci(clean, idx).to_dict(), "note": BY_CONSTRUCTION},
+            "minus": _against_rivals(table, idx, REFERENCE, "p_sample_repeat", "repeats"),
+            # Measured like every other record: the share of k samples repeating the failed action in meaning,
+            # paired per item (the samples of each record come from its own context).
+            "semantic_minus": _against_rivals(table, idx, CLEAN_RETRY, "sampled_repeat_semantic_rate",
+                                              "repeats in meaning")}
+
+
+def _against_rivals(table: "EnvTable", idx: np.ndarray, clean_condition: str, metric: str, verb: str
+                    ) -> dict[str, Any]:
+    """{rival: clean retry's `metric` (read under `clean_condition`) minus the rival's, paired, with its ranking}."""
+    clean = table.column(clean_condition, metric)
+    out: dict[str, Any] = {}
     for rival in CLEAN_RETRY_RIVALS:
-        if not table.has(rival):
-            continue
-        est = paired_estimate(clean - table.column(rival, "p_sample_repeat"), idx)
+        est = paired_estimate(clean - table.column(rival, metric), idx)  # None where the rival has no rows
         if est is not None:
-            est["ranking"] = tie_verdict(est, f"clean retry repeats more than {rival}",
-                                         f"clean retry repeats less than {rival}")
-            out["minus"][rival] = est
-    # Measured like every other record: the share of k samples repeating the failed action in meaning, clean
-    # retry's minus the rival's, paired per item (the samples of each record come from its own context).
-    semantic = "sampled_repeat_semantic_rate"
-    clean_semantic = table.column(CLEAN_RETRY, semantic)
-    out["semantic_minus"] = {}
-    for rival in CLEAN_RETRY_RIVALS:
-        est = paired_estimate(clean_semantic - table.column(rival, semantic), idx)
-        if est is not None:
-            est["ranking"] = tie_verdict(est, f"clean retry repeats more in meaning than {rival}",
-                                         f"clean retry repeats less in meaning than {rival}")
-            out["semantic_minus"][rival] = est
+            est["ranking"] = tie_verdict(est, f"clean retry {verb} more than {rival}",
+                                         f"clean retry {verb} less than {rival}")
+            out[rival] = est
     return out
 
 

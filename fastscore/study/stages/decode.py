@@ -162,13 +162,16 @@ def _sampled_repeats(members: Sequence[Item], contexts: Mapping[str, Sequence[Co
     # it in meaning. The same budget and stop rule also make the sampled rates the same measurement as the greedy
     # ones. The clean retry's context is before's messages (the failed attempt and its error deleted).
     action_done = env.action_done()
-    requests = {}
+    requests, condition_of = {}, {}
     for item in targets:
         i, budget = item.item_id, greedy_budget(cap, lp[item.item_id][0])
         messages = {c.condition: c.messages for c in contexts[i]}
-        requests[i] = [GreedyRequest(sample_request_id(i, cond, k), messages[cond], max_new_tokens=budget,
-                                     action_done=action_done)
-                       for cond in SAMPLED_CONDITIONS for k in range(plan.retries)]
+        requests[i] = []
+        for cond in SAMPLED_CONDITIONS:
+            for k in range(plan.retries):
+                condition_of[sample_request_id(i, cond, k)] = cond
+                requests[i].append(GreedyRequest(sample_request_id(i, cond, k), messages[cond],
+                                                 max_new_tokens=budget, action_done=action_done))
 
     def sample(reqs: list[GreedyRequest]) -> list[GreedyResult]:
         rngs = [retry_rng(plan.seed, r.id) for r in reqs]
@@ -179,9 +182,11 @@ def _sampled_repeats(members: Sequence[Item], contexts: Mapping[str, Sequence[Co
     by_id = {item.item_id: item for item in targets}
     out: dict[str, dict[str, tuple[int, int, int]]] = {}
     for i, got in ok.items():
+        by_condition_sampled: dict[str, list[GreedyResult]] = {cond: [] for cond in SAMPLED_CONDITIONS}
+        for result in got:
+            by_condition_sampled[condition_of[result.id]].append(result)
         out[i] = {}
-        for cond in SAMPLED_CONDITIONS:
-            mine = [r for r in got if r.id.rsplit("::", 1)[1].split("#", 1)[0] == cond]
+        for cond, mine in by_condition_sampled.items():
             # The failed action as scored under this condition (the same emitted ids under every one).
             rec = lp[i][0]["conditions"][cond]
             repeats = sum(reproduces(r, rec["cand_token_ids"][0], rec.get("end_of_turn", True)) for r in mine)
