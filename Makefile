@@ -57,11 +57,12 @@ chromium:
 templates: install
 	$(PY) -m fastscore.chat_templates
 
+# --durations=20: every log (CI's too) lists the slowest tests, where the default suite's 12-minute budget goes.
 test: install chromium templates
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q --durations=20
 
 test-all: install chromium templates
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 study: install
 	$(VENV)/bin/fastscore study --data $(DATA) --out $(STUDY_OUT) --sensitivity

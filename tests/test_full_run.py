@@ -1,7 +1,8 @@
 """The committed full run (results/smollm2-135m-full, docs/full-run.md) reproduces from its rows, and the README's
 paper-vs-study table is the one its summary gives.
 
-CI re-scores 2 committed items from scratch with the running code (`study-shards verify --sample 2`): every score
+CI re-scores 2 committed items (one per environment) from scratch with the running code
+(`study-shards verify --sample 2 --seed 1`): every score
 within 1e-4 nats of the committed rows, every text, greedy completion and verdict equal. A change that moves the
 study's numbers fails here, so it cannot land beside rows it no longer reproduces.
 """
@@ -25,7 +26,10 @@ def test_the_full_run_is_committed_with_its_manifest_and_rows():
 
 def test_two_committed_items_re_score_to_their_rows(study_data, smollm_artefact):
     smollm_artefact("llamacpp", "f32")  # the exact default the rows were scored with (converted once per session)
-    result = CliRunner().invoke(main, ["study-shards", "verify", str(RUN), "--sample", "2", "--seed", "0",
+    # Over the shards committed at 6bcf9b6, seed 1 samples one item of each environment with short greedy completions
+    # (mbpp-775, tools:simple_python_243); seed 0's mbpp item decodes near its 300-token cap and made this the suite's
+    # slowest test. More committed shards change the sample: `make test` lists the slowest tests, recheck it there.
+    result = CliRunner().invoke(main, ["study-shards", "verify", str(RUN), "--sample", "2", "--seed", "1",
                                        "--data", str(study_data)])
     print(result.output)
     assert result.exit_code == 0, result.output
