@@ -2,7 +2,7 @@
 paper-vs-study table is the one its summary gives.
 
 CI re-scores 2 committed items (one per environment) from scratch with the running code
-(`study-shards verify --sample 2 --seed 1`): every score
+(`study-shards verify --item mbpp-775 --item tools:simple_python_243`): every score
 within 1e-4 nats of the committed rows, every text, greedy completion and verdict equal. A change that moves the
 study's numbers fails here, so it cannot land beside rows it no longer reproduces.
 """
@@ -26,14 +26,20 @@ def test_the_full_run_is_committed_with_its_manifest_and_rows():
 
 def test_two_committed_items_re_score_to_their_rows(study_data, smollm_artefact):
     smollm_artefact("llamacpp", "f32")  # the exact default the rows were scored with (converted once per session)
-    # Over the shards committed at 6bcf9b6, seed 1 samples one item of each environment with short greedy completions
-    # (mbpp-775, tools:simple_python_243); seed 0's mbpp item decodes near its 300-token cap and made this the suite's
-    # slowest test. More committed shards change the sample: `make test` lists the slowest tests, recheck it there.
-    result = CliRunner().invoke(main, ["study-shards", "verify", str(RUN), "--sample", "2", "--seed", "1",
-                                       "--data", str(study_data)])
+    # Two named items, one per environment, with short greedy completions: a seeded sample would change as shards are
+    # committed, and an MBPP item decoding to its 300-token cap made this the suite's slowest test.
+    result = CliRunner().invoke(main, ["study-shards", "verify", str(RUN), "--item", "mbpp-775",
+                                       "--item", "tools:simple_python_243", "--data", str(study_data)])
     print(result.output)
     assert result.exit_code == 0, result.output
     assert "reproduced: every score within 0.0001 nats" in result.output
+
+
+def test_verify_refuses_an_item_no_committed_shard_holds(study_data):
+    result = CliRunner().invoke(main, ["study-shards", "verify", str(RUN), "--item", "mbpp-775", "--item", "no-such-item",
+                                       "--data", str(study_data)])
+    assert result.exit_code != 0
+    assert "no committed shard" in result.output and "item(s) no-such-item" in result.output, result.output
 
 
 def test_the_readme_table_is_the_one_the_committed_summary_gives():

@@ -93,18 +93,20 @@ def report(run_dir, data, n_boot) -> None:
 @click.option("--sample", "n_items", default=2, show_default=True, type=click.IntRange(min=1),
               help="Committed items to re-score.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sample.")
+@click.option("--item", "item_ids", multiple=True, metavar="ITEM_ID",
+              help="Re-score this committed item instead of a sample (repeatable), e.g. mbpp-775.")
 @THREADS
 @SANDBOX
 @friendly
-def verify(run_dir, data, n_items, seed, threads, sandbox) -> None:
-    """Re-score a seeded random sample of RUN_DIR's committed items from scratch and print max |Δ| per score kind;
-    exit non-zero unless every score is within 1e-4 nats and texts and verdicts are equal."""
+def verify(run_dir, data, n_items, seed, item_ids, threads, sandbox) -> None:
+    """Re-score a seeded random sample of RUN_DIR's committed items (or the --item ones) from scratch and print max
+    |Δ| per score kind; exit non-zero unless every score is within 1e-4 nats and texts and verdicts are equal."""
     from fastscore.deps import check_extras
     from fastscore.study.shards.rescore import TOLERANCE
     from fastscore.study.shards.verify import require_reproduced, verify_run
 
     check_extras("llamacpp", "parquet", purpose="fastscore study-shards verify")
-    comparison = verify_run(run_dir, n_items, seed, data, threads, sandbox)
+    comparison = verify_run(run_dir, n_items, seed, data, threads, sandbox, item_ids)
     click.echo(f"re-scored {', '.join(comparison.items)}")
     for line in comparison.lines():
         click.echo(line)
