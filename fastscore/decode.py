@@ -1,6 +1,9 @@
 """Batched greedy decoding over a backend `Decoder`, with banned completions enforced on text.
 
 Many contexts advance together: one `Decoder.step` call per generated position for every still-active sequence.
+With a decoder that refills (`Decoder.refills`) and a `width`, at most `width` sequences are live and a finished
+one's slot goes at once to the next waiting context (`Decoder.join_step`), so the steps stay full until the waiting
+contexts run out instead of each batch stepping on for its longest member alone.
 
 Banned strings are banned as TEXT, whatever tokens spell them. A completion is complete when the end-of-turn
 token is emitted or the token limit is hit, so at each step the ban blocks exactly the tokens that would complete a
@@ -185,6 +188,7 @@ def greedy_decode(
     temperature: float = 0.0,
     rngs: Sequence[np.random.Generator] | None = None,
     action_done: Sequence[ActionDone | None] | None = None,
+    width: int | None = None,
 ) -> list[Decoded]:
     """Greedy completions of all `contexts` at once, each until a stop token or its token budget.
 
@@ -194,6 +198,9 @@ def greedy_decode(
     With `temperature` > 0 each completion is sampled instead, from softmax(logits / temperature), drawing from its
     own generator `rngs[i]` (one uniform draw per generated token), so a completion does not depend on which other
     contexts share the batch.
+    `width`: with a decoder that refills (`Decoder.refills`), at most this many sequences are live at once and a
+    finished one's slot goes at once to the next waiting context, in the order given; without it, or with a decoder
+    that cannot refill, every context starts at once.
     """
     n = len(contexts)
     budgets = _budgets(max_new_tokens, n)
@@ -203,6 +210,8 @@ def greedy_decode(
         raise ValueError("sampling (temperature > 0) needs one numpy Generator per context in `rngs`")
     if action_done is not None and len(action_done) != n:
         raise ValueError(f"{len(action_done)} action_done rules for {n} contexts")
+    if width is not None and width < 1:
+        raise ValueError(f"width must be >= 1, not {width}")
     if n == 0:
         return []
     stop_set = set(int(i) for i in stop_ids)
@@ -216,21 +225,27 @@ def greedy_decode(
     mass = [0.0] * n
     steps_banned = [0] * n
     stopped = [MAX_TOKENS] * n
+    prefix = [bool(ban_prefix)] * n if isinstance(ban_prefix, bool) else [bool(p) for p in ban_prefix]
     with decoder:
-        logits = np.asarray(decoder.start([list(c) for c in contexts]))
-        prefix = [bool(ban_prefix)] * n if isinstance(ban_prefix, bool) else [bool(p) for p in ban_prefix]
+        slots = n
+        if width is not None and width < n and decoder.refills:
+            slots = decoder.reserve_slots(width, max(len(c) + b for c, b in zip(contexts, budgets)))
+        # Sequence i is the decoder's sequence i: contexts start (and join) in their order.
+        waiting = n - slots
+        logits = np.asarray(decoder.start([list(c) for c in contexts[:slots]]))
         bans = {kind: make(tuple(token_bytes), frozenset(stop_set), logits.shape[1])
                 for kind, make in ((False, text_ban), (True, prefix_ban))
                 if any(keys and p == kind for keys, p in zip(banned_keys, prefix))}
         ban = bans or None
-        active = list(range(n))
-        for step in range(1, max(budgets) + 1):
+        active = list(range(slots))
+        while active:
             if ban is not None:  # blocked entries are overwritten: never write into the decoder's buffer
                 logits = np.array(logits, dtype=np.float32, copy=True)
             for row, seq in enumerate(active):
                 if ban is None or not banned_keys[seq]:
                     continue
-                blocked = ban[prefix[seq]].blocked(texts[seq], banned_keys[seq], step == budgets[seq])
+                final_step = len(generated[seq]) + 1 == budgets[seq]
+                blocked = ban[prefix[seq]].blocked(texts[seq], banned_keys[seq], final_step)
                 if blocked.size:
                     mass[seq] += _softmax_mass(logits[row], blocked)
                     steps_banned[seq] += 1
@@ -251,11 +266,16 @@ def greedy_decode(
                     continue
                 if rules[seq] is not None and not armed[seq]:
                     armed[seq] = rules[seq](texts[seq].decode("utf-8", errors="replace"))
-                if step < budgets[seq]:
+                if len(generated[seq]) < budgets[seq]:
                     still_active.append(seq)
                     next_tokens.append(token)
-            active = still_active
+            joining = list(range(n - waiting, n - waiting + min(waiting, slots - len(still_active))))
+            waiting -= len(joining)
+            active = still_active + joining
             if not active:
                 break
-            logits = decoder.step(active, next_tokens)
+            if joining:
+                logits = decoder.join_step(still_active, next_tokens, [list(contexts[i]) for i in joining])
+            else:
+                logits = decoder.step(still_active, next_tokens)
     return [Decoded(tuple(generated[i]), stopped[i], mass[i], steps_banned[i]) for i in range(n)]

@@ -48,6 +48,7 @@ class Scorer(RequestTokenizer):
         include_end_of_turn: bool = True,
         max_batch_tokens: int = 65_536,
         max_decode_batch: int = 32,
+        refill_decode: bool = True,
         weights_note: str = "",
         weights_repair: str = "",
         top_k: int = 0,
@@ -58,6 +59,9 @@ class Scorer(RequestTokenizer):
         self.include_end_of_turn = include_end_of_turn
         self.max_batch_tokens = max_batch_tokens
         self.max_decode_batch = max_decode_batch
+        # Greedy calls in one refilling decoder session where the backend's decoder can (False: fixed batches
+        # everywhere, the path of decoders that cannot refill; the results are the same on an exact backend).
+        self.refill_decode = refill_decode
         self._weights_note = weights_note
         self._weights_repair = weights_repair
         if top_k < 0:
@@ -203,16 +207,14 @@ class Scorer(RequestTokenizer):
                 )
             contexts.append(ids)
             budgets.append(budget)
-        # Decoder calls take the requests in budget order (stably: an item's requests stay together), so a call
-        # that holds only short budgets ends early instead of stepping on for one long request.
-        order = sorted(range(len(requests)), key=budgets.__getitem__)
         results: list[GreedyResult | None] = [None] * len(requests)
-        for lo in range(0, len(order), self.max_decode_batch):
-            idx = order[lo : lo + self.max_decode_batch]
+        if not requests:
+            return []
+        for idx, decoder, width in self._decode_batches(budgets):
             chunk = [requests[i] for i in idx]
             with self._finite_weights():
                 decoded = greedy_decode(
-                    self.backend.decoder(max(budgets[i] for i in idx)),
+                    decoder,
                     [contexts[i] for i in idx],
                     token_bytes=self.tokenizer.token_bytes,
                     stop_ids=self.tokenizer.stop_ids,
@@ -222,6 +224,7 @@ class Scorer(RequestTokenizer):
                     temperature=temperature,
                     rngs=None if rngs is None else [rngs[i] for i in idx],
                     action_done=[request.action_done for request in chunk],
+                    width=width,
                 )
             for i, request, d in zip(idx, chunk, decoded, strict=True):
                 results[i] = GreedyResult(
@@ -233,3 +236,18 @@ class Scorer(RequestTokenizer):
                     banned_steps=d.banned_steps,
                 )
         return results
+
+    def _decode_batches(self, budgets: Sequence[int]):
+        """(request indices, decoder, width) of each decoder call. A decoder that refills takes every request in one
+        session, at most max_decode_batch live at once, the longest budgets first (so the call ends on short ones)
+        and each finished request's slot refilled at once. Otherwise fixed batches in budget order (stably: an
+        item's requests stay together), so a batch that holds only short budgets ends early instead of stepping on
+        for one long request; each batch steps until its longest member ends."""
+        order = sorted(range(len(budgets)), key=budgets.__getitem__)
+        first = self.backend.decoder(max(budgets[i] for i in order[: self.max_decode_batch]))
+        if first.refills and self.refill_decode:  # (its slots are sized by the call's requests, not by its reserve)
+            yield sorted(range(len(budgets)), key=lambda i: -budgets[i]), first, self.max_decode_batch
+            return
+        for lo in range(0, len(order), self.max_decode_batch):
+            idx = order[lo : lo + self.max_decode_batch]
+            yield idx, first if lo == 0 else self.backend.decoder(max(budgets[i] for i in idx)), None

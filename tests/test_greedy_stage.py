@@ -139,3 +139,45 @@ def test_the_mbpp_stop_rule_changes_no_metric(mbpp, smollm_tokenizer, tmp_path, 
     mine = {r["condition"]: r for r in rows["rule"] if r["item_id"] == items[0].item_id}
     assert mine["after"]["greedy_repeat"] == (after_block == "end_of_turn")
     assert mine["ban"]["banned_mass"] > 0 and mine["after"]["greedy_repeat_program"]
+
+
+class CountingScriptedBackend(ScriptedBackend):
+    """ScriptedBackend that also counts the contexts its decoders start."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.started = 0
+
+    def _decoder(self, max_new_tokens: int):
+        decoder, backend = super()._decoder(max_new_tokens), self
+        start = decoder.start
+
+        def counted(contexts):
+            backend.started += len(contexts)
+            return start(contexts)
+
+        decoder.start = counted
+        return decoder
+
+
+def test_a_resumed_chunk_decodes_only_its_unfinished_items(mbpp, smollm_tokenizer, tmp_path):
+    """A run killed after the first item of a greedy chunk was stored: the resumed stage decodes the second item's
+    contexts only, and the rows are those of the uninterrupted run."""
+    env, items = mbpp
+    tok = smollm_tokenizer
+    script = completion_script(tok, items[0].failed_action, [tok.end_of_turn_id])
+    fallback = tok.encode(".").ids[0]
+    whole = Scorer(CountingScriptedBackend(script, fallback), tok)
+    _, rows = run_stages(tmp_path, env, items, whole)
+    scores = tmp_path / "scores.jsonl"
+    lines = scores.read_text().splitlines(keepends=True)
+    first = [line for line in lines if items[0].item_id in line]
+    scores.write_text("".join(first))  # the second item's rows never written
+    store = StudyStore(tmp_path)
+    store.start({"test": 1}, resume=True)
+    again = Scorer(CountingScriptedBackend(script, fallback), tok)
+    greedy_stage(store, again, {env.name: env}, items, lambda _env: CAP, DecodePlan(False, 0, SEED))
+    resumed = sorted((r.to_dict() for r in read_score_rows(scores)), key=lambda r: (r["item_id"], r["condition"]))
+    print("contexts decoded: whole run", whole.backend.started, "resumed", again.backend.started)
+    assert 0 < again.backend.started < whole.backend.started
+    assert resumed == rows

@@ -36,6 +36,23 @@ class Decoder(abc.ABC):
     def step(self, active: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
         """Append tokens[i] to sequence active[i] (indices into the start contexts); float32 [len(active), n_vocab]."""
 
+    # Sequences may join between steps (reserve_slots, then join_step): one decoder session keeps its batch full
+    # while contexts wait, instead of each batch of contexts stepping on for its longest member alone. A decoder
+    # without it is started once per batch by its caller.
+    refills: ClassVar[bool] = False
+
+    def reserve_slots(self, slots: int, longest: int) -> int:
+        """Before start() of a refilling decoder: room for up to `slots` live sequences, none longer than `longest`
+        tokens (context and generated tokens together). Returns the slots granted (memory may allow fewer, at least
+        one)."""
+        raise UnsupportedError(f"{type(self).__name__} cannot take sequences between steps")
+
+    def join_step(self, active: Sequence[int], tokens: Sequence[int],
+                  joining: Sequence[Sequence[int]]) -> np.ndarray:
+        """step(active, tokens), and the `joining` contexts started as new sequences, numbered on after every
+        sequence started so far: float32 [len(active) + len(joining), n_vocab], active rows first."""
+        raise UnsupportedError(f"{type(self).__name__} cannot take sequences between steps")
+
     def close(self) -> None:
         """Free per-decode state (KV cache)."""
 

@@ -35,7 +35,7 @@ from fastscore.study.stages.rows import reproduces, score_rows
 from fastscore.study.stages import errored_at, store_results
 from fastscore.study.stages.store import StudyStore
 
-ITEMS_PER_GREEDY_CALL = 8  # x up to 7 distinct contexts decoded side by side (the scorer batches them by 32)
+ITEMS_PER_GREEDY_CALL = 8  # x up to 7 distinct contexts decoded side by side (the scorer keeps up to 32 live)
 RETRY_CONDITION = "clean_retry"
 RETRY_TEMPERATURE = 1.0
 # Where on-policy items are sampled: every record (after, success, neutral, description, dont_repeat) and the clean
@@ -96,7 +96,8 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
             for chunk in chunks([item for item in scored if item.env == env], ITEMS_PER_GREEDY_CALL):
                 if all(item.item_id in done for item in chunk):
                     continue
-                members = [item for item in chunk if item.item_id not in failed_here]
+                # A resumed chunk decodes only what is not stored yet.
+                members = [item for item in chunk if item.item_id not in failed_here and item.item_id not in done]
                 _complete_chunk(members, lp, scorer, envs[env], new_tokens(env), plan, done, err_log, scores_log,
                                 bar, after_item)
 

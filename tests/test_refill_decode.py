@@ -1,0 +1,142 @@
+"""Refilling decoding (one llama.cpp decoder session per greedy call, a finished sequence's stream handed at once to
+the next waiting context) gives the results of fixed batches: the same tokens, texts, stop reasons and banned steps.
+
+llama.cpp f32 steps are batch-invariant to the bit, but a context's first logits row comes out of whichever batch
+computed its last context token (a prefill batch of some trie node in fixed batches, the step batch when it joins),
+and those agree to float32 rounding only; so does the banned mass of a ban that acts at the first step. Fixed batches
+of another width differ from each other in the same way: both differences are printed.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+import fastscore
+from fastscore.bench.lab.refill_decode import CountingDecoder
+from fastscore.decode import greedy_decode
+from fastscore.records import GreedyRequest, Message
+from fastscore.scorer import Scorer
+
+pytest.importorskip("llama_cpp")
+
+SYSTEM = Message("system", "You are a careful assistant. Answer in one short sentence, then stop.")
+QUESTIONS = ["Name a colour.", "Write a haiku about rain.", "What is 2 + 2?", "Hi", "Describe a cat.",
+             "List three fruits.", "Say nothing.", "Translate 'bonjour'.", "Spell 'tree' backwards.",
+             "Count to five.", "Why is the sky blue?", "Give a word that rhymes with 'light'."]
+
+
+def _requests(n: int, budgets, banned=(), ban_prefix=(), rules=()) -> list[GreedyRequest]:
+    """Contexts sharing the system prompt, some sharing a whole first turn (the study's conditions of one item)."""
+    out = []
+    for i in range(n):
+        turns = (SYSTEM, Message("user", QUESTIONS[i % len(QUESTIONS)]))
+        if i % 3 == 2:
+            turns += (Message("assistant", "Sure."), Message("user", "Again, differently."))
+        out.append(GreedyRequest(f"r{i}", turns, banned=tuple(banned[i]) if i < len(banned) else (),
+                                 max_new_tokens=budgets[i % len(budgets)],
+                                 ban_prefix=i < len(ban_prefix) and ban_prefix[i],
+                                 action_done=rules[i] if i < len(rules) else None))
+    return out
+
+
+def _fields(results):
+    return [(r.id, r.token_ids, r.text, r.stopped_by, r.banned_mass, r.banned_steps) for r in results]
+
+
+def _differing(a, b) -> int:
+    """Results differing in anything but the banned mass's float rounding."""
+    key = lambda r: (r.id, r.token_ids, r.text, r.stopped_by, r.banned_steps)  # noqa: E731
+    return sum(key(x) != key(y) for x, y in zip(a, b, strict=True))
+
+
+def _mass_gap(a, b) -> float:
+    """The largest relative difference of banned masses."""
+    return max((abs(x.banned_mass - y.banned_mass) / max(x.banned_mass, 1e-30) for x, y in zip(a, b, strict=True)
+                if x.banned_mass or y.banned_mass), default=0.0)
+
+
+def _rngs(requests):
+    return [np.random.default_rng([5, zlib.crc32(r.id.encode())]) for r in requests]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_artefact):
+    with fastscore.load(str(tiny_artefact("llama", "llamacpp", "f32").path), threads=2) as model:
+        yield model.scorer
+
+
+def _pair(scorer: Scorer, width: int) -> tuple[Scorer, Scorer]:
+    make = lambda refill: Scorer(scorer.backend, scorer.tokenizer, max_decode_batch=width,  # noqa: E731
+                                 refill_decode=refill)
+    return make(False), make(True)
+
+
+def test_refilling_equals_fixed_batches_with_budgets_bans_rules_and_sampling(tiny):
+    chunked, refilled = _pair(tiny, width=4)
+    narrow = Scorer(tiny.backend, tiny.tokenizer, max_decode_batch=1, refill_decode=False)
+    free = chunked.greedy(_requests(12, [6]), max_new_tokens=6)
+    # Bans that act: each request's own free completion (as text, as a prefix for some), or a prefix of it.
+    banned = [[free[i].text] if i % 2 == 0 else [free[i].text[:3]] for i in range(12)]
+    rules = [None, (lambda t: len(t) > 8), None, (lambda t: " " in t)] * 3
+    requests = _requests(12, [3, 17, 9, 24, 1, 12], banned, [i % 4 == 1 for i in range(12)], rules)
+    differing, gap, gap_fixed = 0, 0.0, 0.0
+    for temperature in (0.0, 0.8):
+        rngs = (lambda: None) if temperature == 0 else (lambda: _rngs(requests))
+        a = chunked.greedy(requests, max_new_tokens=30, temperature=temperature, rngs=rngs())
+        b = refilled.greedy(requests, max_new_tokens=30, temperature=temperature, rngs=rngs())
+        c = narrow.greedy(requests, max_new_tokens=30, temperature=temperature, rngs=rngs())
+        differing += _differing(a, b) + _differing(a, c)
+        gap, gap_fixed = max(gap, _mass_gap(a, b)), max(gap_fixed, _mass_gap(a, c))
+        assert sum(r.banned_steps for r in a) > 0, "the bans must act for this test to mean anything"
+        assert len({len(r.token_ids) for r in a}) > 3, "the completions must end at different steps"
+    print(f"{differing} of 48 results differ (refilled and batches of 1 vs batches of 4); banned mass, largest "
+          f"relative difference: refilled {gap:.1e}, batches of 1 {gap_fixed:.1e}")
+    assert differing == 0
+    assert gap <= 1e-5
+
+
+def test_the_loop_refills_freed_slots_and_keeps_steps_full(tiny):
+    """At the decoder: every context joins, the batch stays at its width while contexts wait, fewer steps run."""
+    requests = _requests(10, [2, 20, 5, 11])
+    contexts = [tiny.context_ids(r.messages) for r in requests]
+    budgets = [r.max_new_tokens for r in requests]
+    kwargs = dict(token_bytes=tiny.tokenizer.token_bytes, stop_ids=tiny.tokenizer.stop_ids,
+                  max_new_tokens=budgets)
+    refill = CountingDecoder(tiny.backend.decoder(max(budgets)))
+    together = greedy_decode(refill, contexts, width=3, **kwargs)
+    assert sum(refill.joins) == len(contexts) - 3
+    last_join = max(k for k, joined in enumerate(refill.joins) if joined)
+    assert set(refill.rows[: last_join + 1]) == {3}  # full width until the last context has joined
+    chunk_steps, chunked = 0, []
+    for lo in range(0, len(contexts), 3):
+        fixed = CountingDecoder(tiny.backend.decoder(max(budgets[lo:lo + 3])))
+        chunked += greedy_decode(fixed, contexts[lo:lo + 3], **{**kwargs, "max_new_tokens": budgets[lo:lo + 3]})
+        chunk_steps += len(fixed.rows)
+    print(f"steps: fixed batches {chunk_steps}, refilled {len(refill.rows)}; "
+          f"{sum(a.token_ids != b.token_ids for a, b in zip(chunked, together))} completions differ")
+    assert [d.token_ids for d in together] == [d.token_ids for d in chunked]
+    assert len(refill.rows) < chunk_steps
+
+
+def test_a_decoder_that_cannot_refill_keeps_fixed_batches(fake_scorer):
+    """The instrumented fake's (unified-cache) decoder declares no refilling: the scorer batches as before."""
+    assert not fake_scorer.backend.decoder(4).refills
+    requests = _requests(5, [3, 6])
+    narrow = Scorer(fake_scorer.backend, fake_scorer.tokenizer, max_decode_batch=2)
+    assert narrow.greedy(requests, max_new_tokens=6) == fake_scorer.greedy(requests, max_new_tokens=6)
+
+
+@pytest.mark.slow  # 48 s with 8 requests on a loaded 2-core machine (the tiny model's tests hold the same claims)
+def test_refilling_on_the_embedded_model_f32_gives_the_same_completions(smollm_artefact):
+    with fastscore.load(threads=2) as model:
+        chunked, refilled = _pair(model.scorer, width=3)
+        rules = [None, (lambda t: "." in t)] * 3
+        requests = _requests(6, [3, 9, 5], rules=rules)
+        a = chunked.greedy(requests, max_new_tokens=9)
+        b = refilled.greedy(requests, max_new_tokens=9)
+    print(f"{_differing(a, b)} of {len(a)} results differ; lengths {[len(r.token_ids) for r in a]}, "
+          f"stopped by {[r.stopped_by for r in a]}")
+    assert _differing(a, b) == 0
