@@ -13,7 +13,7 @@ import json
 import logging
 import random
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,11 +102,7 @@ def committed_rows(run_dir: Path, manifest: Manifest, spec: ShardSpec) -> dict[s
 
 def sample(run_dir: Path, manifest: Manifest, k: int, seed: int) -> list[tuple[ShardSpec, str]]:
     """A seeded random sample of `k` committed items, as (shard, item id)."""
-    pool = []
-    for key in sorted(manifest.shards):
-        items_file = manifest.shards[key]["files"].get("items")
-        if items_file is not None:
-            pool += [(key, r["item_id"]) for r in read_rows(Path(run_dir) / items_file["file"])]
+    pool = list(_committed_items(run_dir, manifest))
     picked = random.Random(seed).sample(pool, min(k, len(pool)))
     return [(ShardSpec.of(manifest.shards[key]), item_id) for key, item_id in sorted(picked)]
 
@@ -114,17 +110,19 @@ def sample(run_dir: Path, manifest: Manifest, k: int, seed: int) -> list[tuple[S
 def named(run_dir: Path, manifest: Manifest, item_ids: Sequence[str]) -> list[tuple[ShardSpec, str]]:
     """The committed items with these ids, as (shard, item id); an id no committed shard holds is refused."""
     wanted = set(item_ids)
-    found: dict[str, tuple[ShardSpec, str]] = {}
-    for key in sorted(manifest.shards):
-        items_file = manifest.shards[key]["files"].get("items")
-        if items_file is not None:
-            for row in read_rows(Path(run_dir) / items_file["file"]):
-                if row["item_id"] in wanted:
-                    found[row["item_id"]] = (ShardSpec.of(manifest.shards[key]), row["item_id"])
+    found = {item_id: key for key, item_id in _committed_items(run_dir, manifest) if item_id in wanted}
     missing = [i for i in item_ids if i not in found]
     if missing:
         raise DataError(f"no committed shard of {run_dir} holds item(s) {', '.join(missing)}")
-    return sorted(found.values(), key=lambda pick: (pick[0].key, pick[1]))
+    return [(ShardSpec.of(manifest.shards[key]), item_id) for key, item_id in sorted((k, i) for i, k in found.items())]
+
+
+def _committed_items(run_dir: Path, manifest: Manifest) -> Iterator[tuple[str, str]]:
+    """(shard key, item id) of every committed item, shard after shard in key order."""
+    for key in sorted(manifest.shards):
+        items_file = manifest.shards[key]["files"].get("items")
+        if items_file is not None:
+            yield from ((key, r["item_id"]) for r in read_rows(Path(run_dir) / items_file["file"]))
 
 
 def _position(spec: ShardSpec, item: dict[str, Any], plan: SeededItems) -> int:
