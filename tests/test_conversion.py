@@ -74,7 +74,16 @@ def test_embedded_reference_and_requantized_f32(smollm_artefact):
     assert ref_report.passed and "shipped" in ref_report.reference
     f32 = smollm_artefact("llamacpp", "f32")
     report = _check_of(f32)
-    assert report.passed and report.max_abs_diff <= check_of("f32")[1]
+    assert report.passed
+    tol = check_of("f32")[1]
+    if "shipped" in report.reference:
+        # Both checked against the shipped file on the same tokens: equal weights scored exactly give the same
+        # distances from it (within the f32 tolerance; |max|a-s| - max|b-s|| <= max|a-b|).
+        print(f"vs the shipped file: reference max {ref_report.max_abs_diff:.6f}, f32 max {report.max_abs_diff:.6f}")
+        assert abs(report.max_abs_diff - ref_report.max_abs_diff) <= tol
+        assert abs(report.mean_abs_diff - ref_report.mean_abs_diff) <= tol
+    else:  # a cache built by the requantizing route checked the f32 file against the reference itself
+        assert report.max_abs_diff <= tol
     assert report.structure.startswith("272 tensors: 272 F32")
     assert "Q4_1" in f32.weights_note and ("dequantized" in f32.weights_note or "requantized" in f32.weights_note)
 

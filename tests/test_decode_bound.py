@@ -70,6 +70,8 @@ def test_decode_bound_on_a_tiny_model(tiny_model, tmp_path):
     assert json.loads(json.dumps(result)) == result
 
 
+@pytest.mark.slow  # the script's default grid (up to 128 streams of 256 positions); its figures on crafted numbers
+# stay in the default suite (test_attended_cells_count_the_positions_the_steps_feed)
 def test_the_decode_bound_script_writes_the_json(tiny_model, tmp_path):
     """`python -m fastscore.bench.lab.decode_bound` runs the default grid with the given model, threads and output
     (--json: the JSON on stdout)."""

@@ -96,6 +96,11 @@ def f32_artefact(smollm_artefact):
     return smollm_artefact("llamacpp", "f32")
 
 
+# Slow (llama.cpp's requantizer writes a second f32 copy of the 135M, both are read tensor by tensor and scored): the
+# route's equality with the old one is settled; the default suite keeps the dequantizer's values and metadata on a
+# crafted file (above), the route without torch (below), and the f32 file's parity with the reference
+# (test_parity.py).
+@pytest.mark.slow
 def test_f32_default_is_the_old_routes_file_bit_for_bit(f32_artefact, smollm_artefact, tmp_path):
     """The old route requantized the shipped file to f32 with llama.cpp's own quantizer: same tensors, bit for bit,
     and the same scores on the examples."""

@@ -89,6 +89,10 @@ def test_an_attempt_cut_off_at_the_token_cap_is_skipped_with_its_reason(study_da
     assert [s.reason for s in skipped] == ["the model's attempt was cut off at the token cap"] * 2
 
 
+# Slow (~35 s: every attempt of six MBPP items decoded twice on the 135M, once to the 300-token cap): the stop rule's
+# effect on the metrics, on scripted completions, stays in the default suite
+# (test_greedy_stage.py::test_the_mbpp_stop_rule_changes_no_metric).
+@pytest.mark.slow
 def test_mbpp_attempts_stop_after_the_program_and_make_the_items_a_decode_to_the_cap_makes(study_data):
     """The action_done rule only cuts what follows the program: on the exact type, the attempts make the same items
     and skip the same sources for the same reasons as the same attempts decoded to the cap."""
@@ -166,7 +170,7 @@ def test_the_argmax_chain_agrees_with_real_greedy_decoding_on_the_exact_type(stu
     from fastscore.study.stages.score import _set_record
 
     envs = open_envs(["tools"], study_data)
-    items = envs["tools"].build_items(3, SEED)[0]
+    items = envs["tools"].build_items(2, SEED)[0]
     checked = agreed_repro = 0
     with ModelSelection.resolve("smollm2-135m-instruct", "llamacpp", "f32", threads=2).open() as scorer:
         for item in items:
@@ -189,7 +193,7 @@ def test_the_argmax_chain_agrees_with_real_greedy_decoding_on_the_exact_type(stu
                     assert chain.token_ids == real.token_ids and chain.text == real.text
                     agreed_repro += 1
     print(f"{checked} contexts checked; {agreed_repro} read off the argmax chain, all equal to the real decode")
-    assert checked >= 12
+    assert checked >= 12 and agreed_repro >= 1
 
 
 def test_limit_all_is_accepted_and_a_bad_limit_is_a_usage_error(tmp_path):
