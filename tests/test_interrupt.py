@@ -21,7 +21,29 @@ from fastscore.records import TokenRequest
 pytest.importorskip("llama_cpp")
 
 
-def test_sigint_aborts_a_long_decode_promptly(smollm_artefact):
+@pytest.fixture
+def sigint_deliverable():
+    """Ctrl-C as an interactive terminal delivers it, whatever pytest inherited.
+
+    A shell without job control starts a background command (`make test &`, a CI runner's script) with SIGINT
+    ignored, and Python then installs no KeyboardInterrupt handler; such a process is meant not to be interrupted,
+    so the behaviour under test cannot be seen there.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _child_with_default_sigint() -> None:
+    """preexec_fn: the CLI process starts with SIGINT at its default, as from a terminal (see sigint_deliverable)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def test_sigint_aborts_a_long_decode_promptly(smollm_artefact, sigint_deliverable):
     backend = LlamaCppBackend(smollm_artefact("llamacpp", "q4_1").path, n_threads=1,
                               options=LlamaCppOptions(n_ctx=4096, max_group_tokens=4096))
     try:
@@ -45,7 +67,8 @@ def test_sigint_aborts_a_long_decode_promptly(smollm_artefact):
         backend.close()
 
 
-def test_ctrl_c_stops_score_promptly_and_keeps_the_finished_lines(tmp_path, smollm_artefact):
+def test_ctrl_c_stops_score_promptly_and_keeps_the_finished_lines(tmp_path, smollm_artefact,
+                                                                  sigint_deliverable):
     """The real CLI in its own process: SIGINT in the middle of a long request -> exit 130 within a couple of
     seconds, the finished lines in OUT.partial, and the message says how to resume."""
     smollm_artefact("llamacpp", "q4_1")
@@ -55,7 +78,8 @@ def test_ctrl_c_stops_score_promptly_and_keeps_the_finished_lines(tmp_path, smol
     requests.write_text(json.dumps(quick) + "\n" + json.dumps(long) + "\n")
     out = tmp_path / "out.jsonl"
     proc = subprocess.Popen([str(Path(sys.executable).with_name("fastscore")), "score", str(requests), "--out", str(out),
-                             "--threads", "1", "--chunk-size", "1"], stderr=subprocess.PIPE, text=True)
+                             "--threads", "1", "--chunk-size", "1"], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_child_with_default_sigint)
     try:
         partial = partial_path(out)
         deadline = time.monotonic() + 120
