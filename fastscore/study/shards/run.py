@@ -14,8 +14,11 @@ import logging
 import shlex
 import shutil
 import subprocess
+import os
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -61,6 +64,14 @@ class ShardRunConfig:
     # Run only these sources' shards in this invocation (None: all of the run's). The plan and the settings keep
     # every source of the run: a source whose rows the code does not define yet can wait without a new run folder.
     only_sources: tuple[str, ...] | None = None
+    # Shards run at once, each in its own process (1: in this process). Each worker gets `threads` threads, by
+    # default this machine's cores shared out among the workers.
+    workers: int = 1
+
+    def worker_threads(self) -> int | None:
+        if self.threads is not None or self.workers == 1:
+            return self.threads
+        return max(1, (os.cpu_count() or 1) // self.workers)
 
     def study(self) -> StudyConfig:
         """The study each shard is a window of: `fastscore study --limit all` with default settings."""
@@ -102,9 +113,12 @@ def _utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _expected_seconds(manifest: Manifest, spec: ShardSpec) -> float:
-    seconds = [s["seconds"] for s in manifest.shards.values() if (s["source"], s["env"]) == (spec.source, spec.env)]
-    return sum(seconds) / len(seconds) if seconds else 0.0
+def _expected_seconds(manifest: Manifest, spec: ShardSpec, threads: int | None = None) -> float:
+    """The mean seconds of the committed shards of this kind, of those run with these threads where there are any
+    (a shard on 1 thread takes about 1.6x one on 2)."""
+    alike = [s for s in manifest.shards.values() if (s["source"], s["env"]) == (spec.source, spec.env)]
+    alike = [s for s in alike if s.get("threads") == threads] or alike
+    return sum(s["seconds"] for s in alike) / len(alike) if alike else 0.0
 
 
 def _git(out_dir: Path, *args: str) -> None:
@@ -185,48 +199,64 @@ def run_shards(config: ShardRunConfig, progress: bool = False,
         stopped = ("every shard of the plan is done" if config.only_sources is None
                    else f"every shard of {', '.join(config.only_sources)} is done")
         from fastscore.sweep import items as sweep_items
-        from fastscore.sweep.worker import ShardRunner, ShardSettings, shard_dir
+        from fastscore.sweep.local import InProcessPool, ProcessPool
+        from fastscore.sweep.worker import ShardSettings, shard_dir
 
         for env in config.envs:
             sweep_items.save(scratch, {"env": env, "seed": config.seed}, plans[env])
-        runner = ShardRunner(ShardSettings(out_dir=scratch, data_dir=Path(config.data_dir).resolve(),
-                                           seed=config.seed, max_new_tokens=config.max_new_tokens,
-                                           threads=config.threads, sandbox=config.sandbox))
+        settings = ShardSettings(out_dir=scratch, data_dir=Path(config.data_dir).resolve(), seed=config.seed,
+                                 max_new_tokens=config.max_new_tokens, threads=config.worker_threads(),
+                                 sandbox=config.sandbox)
+        pool = InProcessPool(settings) if config.workers == 1 else ProcessPool(settings, config.workers)
+        queue, running = deque(pending), {}
+        finished = False
         try:
-            for spec in pending:
-                if config.max_shards is not None and len(ran) >= config.max_shards:
-                    stopped = f"--max-shards {config.max_shards} reached"
+            while True:
+                while queue and len(running) < config.workers:
+                    spec = queue[0]
+                    if config.max_shards is not None and len(ran) + len(running) >= config.max_shards:
+                        stopped = f"--max-shards {config.max_shards} reached"
+                        queue.clear()
+                        break
+                    elapsed = time.perf_counter() - started
+                    expected = _expected_seconds(manifest, spec, settings.threads)
+                    if config.max_hours is not None and elapsed + SAFETY * expected > config.max_hours * 3600:
+                        stopped = (f"--max-hours {config.max_hours}: shard {spec.key} (about {expected:.0f} s) "
+                                   "would not end in time")
+                        queue.clear()
+                        break
+                    queue.popleft()
+                    say(f"shard {spec.key}: seeded positions {spec.start}-{spec.stop - 1} ...")
+                    shard = spec.sweep_shard(study.model, study.backend, study.quant)
+                    running[pool.submit(shard)] = (spec, shard, _utc())
+                if not running:
                     break
-                elapsed = time.perf_counter() - started
-                if config.max_hours is not None and \
-                        elapsed + SAFETY * _expected_seconds(manifest, spec) > config.max_hours * 3600:
-                    stopped = (f"--max-hours {config.max_hours}: shard {spec.key} (about "
-                               f"{_expected_seconds(manifest, spec):.0f} s) would not end in time")
-                    break
-                say(f"shard {spec.key}: seeded positions {spec.start}-{spec.stop - 1} ...")
-                began = _utc()
-                shard = spec.sweep_shard(study.model, study.backend, study.quant)
-                done = runner.run(shard)
-                files = _store_shard(out_dir, spec, shard_dir(scratch, shard))
-                provenance = json.loads((shard_dir(scratch, shard) / "config.json").read_text()).get("provenance")
-                manifest.shards[spec.key] = {
-                    "source": spec.source, "env": spec.env, "index": spec.index, "start": spec.start,
-                    "stop": spec.stop, "n_items": done.n_items, "n_item_errors": done.n_item_errors,
-                    "seconds": done.seconds, "stage_seconds": done.stage_seconds, "started_utc": began,
-                    "finished_utc": _utc(), "commit": producer["code"]["commit"],
-                    "dirty": producer["code"]["dirty"], "model_sha256": model["sha256"],
-                    "weights_note": model["weights_note"], "machine": producer["machine"], "producer_key": key,
-                    "provenance": provenance, "files": files}
-                manifest.save()
-                shutil.rmtree(shard_dir(scratch, shard))
-                ran.append(spec.key)
-                say(f"shard {spec.key}: {done.n_items} items in {done.seconds:.0f} s "
-                    f"({len(manifest.shards)}/{len(specs)} shards done)")
-                if config.commit:
-                    _git(out_dir, "add", "--", ".")
-                    _git(out_dir, "commit", "-q", "-m", commit_message(out_dir, [spec.key]), "--", ".")
+                complete, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in sorted(complete, key=lambda f: running[f][0].key):
+                    spec, shard, began = running.pop(future)
+                    done = future.result()
+                    files = _store_shard(out_dir, spec, shard_dir(scratch, shard))
+                    provenance = json.loads((shard_dir(scratch, shard) / "config.json").read_text()).get("provenance")
+                    manifest.shards[spec.key] = {
+                        "source": spec.source, "env": spec.env, "index": spec.index, "start": spec.start,
+                        "stop": spec.stop, "n_items": done.n_items, "n_item_errors": done.n_item_errors,
+                        "seconds": done.seconds, "stage_seconds": done.stage_seconds, "started_utc": began,
+                        "finished_utc": _utc(), "commit": producer["code"]["commit"],
+                        "dirty": producer["code"]["dirty"], "model_sha256": model["sha256"],
+                        "weights_note": model["weights_note"], "machine": producer["machine"], "producer_key": key,
+                        "threads": settings.threads, "workers": config.workers,
+                        "provenance": provenance, "files": files}
+                    manifest.save()
+                    shutil.rmtree(shard_dir(scratch, shard))
+                    ran.append(spec.key)
+                    say(f"shard {spec.key}: {done.n_items} items in {done.seconds:.0f} s "
+                        f"({len(manifest.shards)}/{len(specs)} shards done)")
+                    if config.commit:
+                        _git(out_dir, "add", "--", ".")
+                        _git(out_dir, "commit", "-q", "-m", commit_message(out_dir, [spec.key]), "--", ".")
+            finished = True
         finally:
-            runner.close()
+            pool.close(abort=not finished)
     commands = commit_commands(out_dir, ran) if ran and not config.commit else ()
     return ShardRunOutcome(out_dir, tuple(ran), len(manifest.shards), len(specs), stopped,
                            time.perf_counter() - started, check, commands)
