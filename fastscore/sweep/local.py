@@ -23,6 +23,14 @@ def run_in_process(shards: Sequence[Shard], settings: ShardSettings, on_done: Ca
         pool.close()
 
 
+def _run_shard(runner: ShardRunner, shard: Shard) -> ShardDone:
+    try:
+        return runner.run(shard)
+    except FastscoreError as exc:
+        exc.add_note(f"in shard {shard.key}")
+        raise
+
+
 class InProcessPool:
     """Runs a shard when it is submitted, in the calling (main) thread, so Ctrl-C aborts a decode promptly."""
 
@@ -31,11 +39,7 @@ class InProcessPool:
 
     def submit(self, shard: Shard) -> Future:
         future: Future = Future()
-        try:
-            future.set_result(self.runner.run(shard))
-        except FastscoreError as exc:
-            exc.add_note(f"in shard {shard.key}")
-            raise
+        future.set_result(_run_shard(self.runner, shard))
         return future
 
     def close(self, abort: bool = False) -> None:
@@ -51,11 +55,7 @@ def _start_worker(settings: ShardSettings) -> None:
 
 
 def _run_in_worker(shard: Shard) -> ShardDone:
-    try:
-        return _worker_runner.run(shard)
-    except FastscoreError as exc:
-        exc.add_note(f"in shard {shard.key}")
-        raise
+    return _run_shard(_worker_runner, shard)
 
 
 class ProcessPool:

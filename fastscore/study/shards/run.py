@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import shutil
 import subprocess
-import os
 import time
 from collections import deque
 from collections.abc import Callable
