@@ -93,6 +93,15 @@ def test_a_saturated_side_of_a_rise_is_named_and_a_narrow_ci_gets_the_decimals_t
     row = next(line for line in study_table({"tools": rise}).splitlines() if line.startswith("| P(repeat)"))
     assert "tools: 0.950 (20; not measurable: after at its bound on every item), 0.050 [0.010, 0.100] (20)" in row
     assert row.endswith(f"| {NOT_MEASURABLE} |")
+    # the model's own failures: its greedy attempt from `before` is the failed action, repeated by construction
+    own = env_summary(-0.3, -0.1)
+    own["conditions"]["before"]["greedy_repeat"] = {"mean": 1.0, "lo": 0.84, "hi": 1.0, "n": 20, "saturated": "s"}
+    own["conditions"]["after"]["greedy_repeat"] = {"mean": 0.2, "lo": 0.08, "hi": 0.42, "n": 20}
+    greedy = next(line for line in study_table({"model": {"tools": own}, "seeded": {"tools": own}}).splitlines()
+                  if line.startswith("| greedy reproduction"))
+    assert ("model tools: -0.800 (20; not measurable: before is the model's own greedy attempt, repeated by "
+            "construction), by construction: 1.000 (20) -> 0.200 [0.080, 0.420] (20)") in greedy
+    assert "seeded tools: -0.800 (20; not measurable: before at its bound on every item)" in greedy
 
 
 def test_a_readme_block_is_checked_and_rewritten_between_the_markers(tmp_path):

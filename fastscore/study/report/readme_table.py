@@ -67,12 +67,21 @@ def _path(*keys: str) -> Getter:
     return get
 
 
+# Under the model's own failures the failed action is the model's greedy attempt from `before`: greedy decoding
+# there reproduces it on every item by construction.
+BEFORE_BY_CONSTRUCTION_ON_POLICY = ("greedy_repeat",)
+
+
 def _repeat_rise(metric: str) -> Getter:
     """after - before of a share, as an interval difference (after's low end over before's high end)."""
     def get(s: dict[str, Any]) -> dict[str, Any] | None:
         before, after = _path("conditions", "before", metric)(s), _path("conditions", "after", metric)(s)
         if before is None or after is None:
             return None
+        if s.get("failures") == "model" and metric in BEFORE_BY_CONSTRUCTION_ON_POLICY:
+            return {"mean": after["mean"] - before["mean"], "lo": None, "hi": None, "n": min(after["n"], before["n"]),
+                    "saturated": "before is the model's own greedy attempt, repeated by construction",
+                    "note": f"by construction: {num(before['mean'])} ({before['n']}) -> {cell(after)}"}
         sides = [side for side, est in (("before", before), ("after", after)) if est.get("saturated")]
         if sides:  # a side at its bound on every item: the difference is no finding
             return {"mean": after["mean"] - before["mean"], "lo": None, "hi": None, "n": min(after["n"], before["n"]),
@@ -161,8 +170,8 @@ def _value_note(claim: Claim, estimates: dict[str, dict[str, Any] | None], verdi
 def scopes(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """`source env` -> the environment summary, for a summary keyed by source (`--failures both`) or one source's."""
     if any(source in summary for source in SOURCES):
-        return {f"{source} {env}": s for source in SOURCES for env, s in (summary.get(source) or {}).items()
-                if env not in NOT_SCOPES}
+        return {f"{source} {env}": {**s, "failures": source} for source in SOURCES
+                for env, s in (summary.get(source) or {}).items() if env not in NOT_SCOPES}
     return {env: s for env, s in summary.items() if env not in NOT_SCOPES}
 
 
