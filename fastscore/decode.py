@@ -187,7 +187,9 @@ def followers(contexts: Sequence[Sequence[int]], budgets: Sequence[int],
     first: dict[tuple, int] = {}
     out = {}
     for i, context in enumerate(contexts):
-        leader = first.setdefault((tuple(context), budgets[i], rules[i]), i)
+        # The rule by identity: the same rule object (the study shares one per call); equal but distinct rules,
+        # or unhashable ones, only cost a sequence each.
+        leader = first.setdefault((tuple(context), budgets[i], id(rules[i])), i)
         if leader != i:
             out[i] = leader
     return out

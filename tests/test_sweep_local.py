@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from fastscore.errors import DataError
 from fastscore.sweep.grid import Cell, Shard
 from fastscore.sweep.local import ProcessPool
 from fastscore.sweep.worker import ShardSettings
 
 SHARD_SECONDS = 300  # far longer than the test waits: a shard that ends did so because it was interrupted
+CLEAN_UP_SECONDS = 1.0
 
 
 class WaitingRunner:
@@ -31,9 +33,12 @@ class WaitingRunner:
     def run(self, shard: Shard):
         mark = self.out_dir / f"{shard.index}-{os.getpid()}"
         mark.with_suffix(".started").touch()
+        if shard.stop - shard.start == 0:  # an empty shard: fails at once, leaving its worker idle
+            raise DataError(f"shard {shard.index} has no item")
         try:
             time.sleep(SHARD_SECONDS)
         except KeyboardInterrupt:
+            time.sleep(CLEAN_UP_SECONDS)  # a shard's clean-up after Ctrl-C takes a moment
             mark.with_suffix(".interrupted").touch()
             raise
         mark.with_suffix(".finished").touch()
@@ -77,3 +82,18 @@ def test_abort_interrupts_the_shards_workers_are_running_and_ends_them(tmp_path,
     assert wait(futures, timeout=0).not_done == set()
     assert all(isinstance(f.exception(), KeyboardInterrupt) for f in futures)
     assert not [p for p in processes if p.is_alive()], "a worker outlived the pool"
+
+
+def test_abort_after_a_shard_failed_interrupts_the_busy_worker_and_leaves_the_idle_one_alone(tmp_path, sigint_ignored):
+    """The run's error path: one shard failed (its worker is idle), the other runs. The idle worker must not die
+    of the SIGINT (that breaks the pool, and the executor then kills the busy worker in its clean-up)."""
+    settings = ShardSettings(out_dir=tmp_path, data_dir=tmp_path)
+    cell = Cell(model="m", backend="llamacpp", quant="f32", env="tools", failures="seeded")
+    pool = ProcessPool(settings, workers=2, runner=WaitingRunner)
+    failing, running = pool.submit(Shard(cell, 0, 0, 0)), pool.submit(Shard(cell, 1, 1, 2))
+    assert isinstance(failing.exception(timeout=120), DataError)
+    assert len(_wait_for(tmp_path, ".started", 2, timeout=120)) == 2
+    time.sleep(0.5)  # the failed shard's worker back in the executor's loop, waiting for work
+    pool.close(abort=True)
+    assert [p.name.split("-")[0] for p in tmp_path.glob("*.interrupted")] == ["1"], "the clean-up was cut short"
+    assert isinstance(running.exception(), KeyboardInterrupt)

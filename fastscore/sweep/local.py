@@ -51,15 +51,21 @@ _worker_runner: ShardRunner | None = None  # one per worker process: its model s
 
 def _start_worker(settings: ShardSettings, runner: Callable[[ShardSettings], ShardRunner]) -> None:
     global _worker_runner
-    # The parent interrupts a worker's shard with SIGINT (ProcessPool.close(abort=True)). A worker inherits SIGINT
-    # ignored when the run was started in the background by a shell without job control, and Python then installs
-    # no KeyboardInterrupt handler: the parent's abort would wait for the shards to end instead.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # idle: see _run_in_worker
     _worker_runner = runner(settings)
 
 
 def _run_in_worker(shard: Shard) -> ShardDone:
-    return _run_shard(_worker_runner, shard)
+    # The parent interrupts the shards with SIGINT (ProcessPool.close(abort=True)), as Ctrl-C does. While a shard
+    # runs, SIGINT raises KeyboardInterrupt (Python's own handler, which also lets a long llama_decode abort): set
+    # here because a run started in the background by a shell without job control passes SIGINT on ignored. While
+    # idle, a worker ignores it: a KeyboardInterrupt in the executor's own loop would end the worker, break the pool
+    # and have the executor kill the other workers in the middle of their shards' clean-up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _run_shard(_worker_runner, shard)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class ProcessPool:

@@ -10,6 +10,7 @@ model does and that the rendered action tokens are the committed ones (else its 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -163,7 +164,8 @@ def score_committed(variant: Variant, selection, items: Sequence[CommittedItem],
         lp_before, lp_after, argmax = np.empty(len(items)), np.empty(len(items)), np.empty(len(items), dtype=int)
         chunks = item_chunks(items)
         for chunk in tqdm(chunks, desc=f"{variant.label} items", unit="call", disable=not progress):
-            keys = [(items[i].shard, items[i].item_id) for i in chunk]
+            # Named by the items and the very tokens scored: another run (or rendering) in the same --out misses.
+            keys = [(items[i].shard, items[i].item_id, _digest(ref_tokens[i])) for i in chunk]
             scored = cache.get(keys) if cache is not None else None
             if scored is None:
                 before = [r.logprob for r in scorer.score([items[i].before for i in chunk])]
@@ -174,6 +176,10 @@ def score_committed(variant: Variant, selection, items: Sequence[CommittedItem],
                     cache.put(keys, scored)
             lp_before[chunk], lp_after[chunk], argmax[chunk] = scored["lp_before"], scored["lp_after"], scored["argmax"]
     return CommittedScores(variant.label, weights, lp_before, lp_after, argmax)
+
+
+def _digest(tokens: list[tuple[int, ...]]) -> str:
+    return hashlib.sha256(json.dumps([list(t) for t in tokens]).encode()).hexdigest()[:16]
 
 
 def item_chunks(items: Sequence[CommittedItem]) -> list[list[int]]:
@@ -194,15 +200,15 @@ def item_chunks(items: Sequence[CommittedItem]) -> list[list[int]]:
 def _json_lines(path: Path) -> list[dict]:
     """The lines of a JSON-lines file; a last line cut off by a stop is dropped (and removed from the file)."""
     text = path.read_text(encoding="utf-8")
-    lines = text.splitlines()
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or text.endswith("\n"):
+        return [json.loads(line) for line in lines]
+    whole = [json.loads(line) for line in lines[:-1]]  # every line before the last was written whole
     try:
-        return [json.loads(line) for line in lines if line.strip()]
+        return [*whole, json.loads(lines[-1])]
     except json.JSONDecodeError:
-        if not lines or text.endswith("\n"):
-            raise
-        kept = lines[:-1]
-        path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        return [json.loads(line) for line in kept if line.strip()]
+        path.write_text("".join(line + "\n" for line in lines[:-1]), encoding="utf-8")
+        return whole
 
 
 class ChunkCache:
@@ -223,10 +229,10 @@ class ChunkCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps(header) + "\n", encoding="utf-8")
 
-    def get(self, keys: list[tuple[str, str]]) -> dict[str, list] | None:
+    def get(self, keys: list[tuple[str, str, str]]) -> dict[str, list] | None:
         return self.done.get(tuple(keys))
 
-    def put(self, keys: list[tuple[str, str]], scored: dict[str, list]) -> None:
+    def put(self, keys: list[tuple[str, str, str]], scored: dict[str, list]) -> None:
         line = {"items": [list(k) for k in keys], **{k: [float(x) if k != "argmax" else int(x) for x in v]
                                                       for k, v in scored.items()}}
         with self.path.open("a", encoding="utf-8") as f:  # one line per call: a stop loses at most the call it cut
