@@ -3,7 +3,10 @@
 Many contexts advance together: one `Decoder.step` call per generated position for every still-active sequence.
 With a decoder that refills (`Decoder.refills`) and a `width`, at most `width` sequences are live and a finished
 one's slot goes at once to the next waiting context (`Decoder.join_step`), so the steps stay full until the waiting
-contexts run out instead of each batch stepping on for its longest member alone.
+contexts run out instead of each batch stepping on for its longest member alone. There, a greedy context that repeats
+an earlier one under another ban (the study's `ban` condition repeats `after`) runs no sequence of its own while the
+two write the same tokens: it reads the earlier one's logits and joins only where its ban makes it choose another
+token (most never do), its stream a copy of the one it followed.
 
 Banned strings are banned as TEXT, whatever tokens spell them. A completion is complete when the end-of-turn
 token is emitted or the token limit is hit, so at each step the ban blocks exactly the tokens that would complete a
@@ -28,7 +31,7 @@ reported banned mass is the one decoding to the end would give.
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -176,6 +179,22 @@ def _ban_may_act(text: bytes, banned: frozenset[bytes]) -> bool:
     return any(key.startswith(head) for key in banned)
 
 
+def followers(contexts: Sequence[Sequence[int]], budgets: Sequence[int],
+              rules: Sequence[ActionDone | None]) -> dict[int, int]:
+    """{follower: leader}: a context identical to an earlier one, with the same budget and action rule (bans may
+    differ). Greedy decoding writes the same tokens for both until a ban makes them differ, so the follower reads its
+    leader's logits instead of running a sequence of its own, and leaves it only where they part."""
+    first: dict[tuple, int] = {}
+    out = {}
+    for i, context in enumerate(contexts):
+        # The rule by identity: the same rule object (the study shares one per call); equal but distinct rules,
+        # or unhashable ones, only cost a sequence each.
+        leader = first.setdefault((tuple(context), budgets[i], id(rules[i])), i)
+        if leader != i:
+            out[i] = leader
+    return out
+
+
 def greedy_decode(
     decoder: Decoder,
     contexts: Sequence[Sequence[int]],
@@ -200,7 +219,9 @@ def greedy_decode(
     contexts share the batch.
     `width`: with a decoder that refills (`Decoder.refills`), at most this many sequences are live at once and a
     finished one's slot goes at once to the next waiting context, in the order given; without it, or with a decoder
-    that cannot refill, every context starts at once.
+    that cannot refill, every context starts at once. With a refilling decoder and `width`, a greedy context that
+    repeats an earlier one under another ban follows it (see `followers`): it joins as a sequence of its own (a copy
+    of the earlier one's stream) only at the step where the ban makes it choose another token, if it ever does.
     """
     n = len(contexts)
     budgets = _budgets(max_new_tokens, n)
@@ -226,56 +247,94 @@ def greedy_decode(
     steps_banned = [0] * n
     stopped = [MAX_TOKENS] * n
     prefix = [bool(ban_prefix)] * n if isinstance(ban_prefix, bool) else [bool(p) for p in ban_prefix]
+
+    def advance(i: int, token: int) -> bool:
+        """Completion i takes `token`; True while it goes on."""
+        if token in stop_set:
+            stopped[i] = END_OF_TURN
+            return False
+        generated[i].append(token)
+        texts[i] += token_bytes[token] if token < len(token_bytes) else b""
+        if armed[i] and not _ban_may_act(texts[i], banned_keys[i]):
+            stopped[i] = ACTION_DONE
+            return False
+        if rules[i] is not None and not armed[i]:
+            armed[i] = rules[i](texts[i].decode("utf-8", errors="replace"))
+        return len(generated[i]) < budgets[i]
+
+    def apply_ban(i: int, row: np.ndarray) -> None:
+        """Block, in `row` (completion i's next-token logits), the tokens that would complete a banned text."""
+        if ban is None or not banned_keys[i]:
+            return
+        blocked = ban[prefix[i]].blocked(texts[i], banned_keys[i], len(generated[i]) + 1 == budgets[i])
+        if blocked.size:
+            mass[i] += _softmax_mass(row, blocked)
+            steps_banned[i] += 1
+            row[blocked] = -np.inf
+
+    refilling = width is not None and decoder.refills
+    following = followers(contexts, budgets, rules) if refilling and temperature == 0 else {}
+    followed_by: dict[int, list[int]] = defaultdict(list)
+    for follower, leader in following.items():
+        followed_by[leader].append(follower)
+    own = [i for i in range(n) if i not in following]  # completions that start as sequences of their own
     with decoder:
         slots = n
-        if width is not None and width < n and decoder.refills:
-            slots = decoder.reserve_slots(width, max(len(c) + b for c, b in zip(contexts, budgets)))
-        # Sequence i is the decoder's sequence i: contexts start (and join) in their order.
-        waiting = n - slots
-        logits = np.asarray(decoder.start([list(c) for c in contexts[:slots]]))
+        if refilling and (width < len(own) or following):
+            slots = decoder.reserve_slots(min(width, n), max(len(c) + b for c, b in zip(contexts, budgets)))
+        started = own[:slots]
+        waiting = deque(own[slots:])
+        parted: deque[int] = deque()  # followers whose leader chose another token, waiting for a slot
+        seq_of = {i: k for k, i in enumerate(started)}  # completion -> the decoder's sequence number
+        logits = np.asarray(decoder.start([list(contexts[i]) for i in started]))
         bans = {kind: make(tuple(token_bytes), frozenset(stop_set), logits.shape[1])
                 for kind, make in ((False, text_ban), (True, prefix_ban))
                 if any(keys and p == kind for keys, p in zip(banned_keys, prefix))}
         ban = bans or None
-        active = list(range(slots))
+        active = list(started)
         while active:
+            # A leader's logits as the model gave them, for its followers (its own ban must not act on theirs).
+            shared = {i: np.array(logits[row], dtype=np.float32) for row, i in enumerate(active) if followed_by[i]}
             if ban is not None:  # blocked entries are overwritten: never write into the decoder's buffer
                 logits = np.array(logits, dtype=np.float32, copy=True)
-            for row, seq in enumerate(active):
-                if ban is None or not banned_keys[seq]:
-                    continue
-                final_step = len(generated[seq]) + 1 == budgets[seq]
-                blocked = ban[prefix[seq]].blocked(texts[seq], banned_keys[seq], final_step)
-                if blocked.size:
-                    mass[seq] += _softmax_mass(logits[row], blocked)
-                    steps_banned[seq] += 1
-                    logits[row, blocked] = -np.inf
+                for row, i in enumerate(active):
+                    apply_ban(i, logits[row])
             if temperature == 0:
                 chosen = logits.argmax(axis=1)
             else:
                 chosen = _sample(logits, temperature, [rngs[i] for i in active])
             still_active, next_tokens = [], []
-            for seq, token in zip(active, chosen.tolist()):
-                if token in stop_set:
-                    stopped[seq] = END_OF_TURN
-                    continue
-                generated[seq].append(token)
-                texts[seq] += token_bytes[token] if token < len(token_bytes) else b""
-                if armed[seq] and not _ban_may_act(texts[seq], banned_keys[seq]):
-                    stopped[seq] = ACTION_DONE
-                    continue
-                if rules[seq] is not None and not armed[seq]:
-                    armed[seq] = rules[seq](texts[seq].decode("utf-8", errors="replace"))
-                if len(generated[seq]) < budgets[seq]:
-                    still_active.append(seq)
+            for i, token in zip(active, chosen.tolist()):
+                if advance(i, token):
+                    still_active.append(i)
                     next_tokens.append(token)
-            joining = list(range(n - waiting, n - waiting + min(waiting, slots - len(still_active))))
-            waiting -= len(joining)
+            going_on = set(still_active)
+            for leader, row in shared.items():
+                leader_token = int(chosen[active.index(leader)])
+                for follower in list(followed_by[leader]):
+                    mine = row.copy()
+                    apply_ban(follower, mine)
+                    token = int(mine.argmax())
+                    goes_on = advance(follower, token)
+                    if token == leader_token and goes_on and leader in going_on:
+                        continue  # the same token, both go on: still the leader's completion
+                    followed_by[leader].remove(follower)  # ended with it, or parts from it here
+                    if goes_on:
+                        parted.append(follower)
+            joining = []
+            while (parted or waiting) and len(still_active) + len(joining) < slots:
+                joining.append(parted.popleft() if parted else waiting.popleft())
+            # A completion that parted from its leader joins with the tokens it wrote: its stream starts as a copy
+            # of the longest prefix a live stream holds (the leader's), so nothing already computed is computed again.
+            for i in joining:  # the decoder numbers joining sequences on after every one started so far
+                seq_of[i] = len(seq_of)
             active = still_active + joining
             if not active:
                 break
+            seqs = [seq_of[i] for i in still_active]
             if joining:
-                logits = decoder.join_step(still_active, next_tokens, [list(contexts[i]) for i in joining])
+                logits = decoder.join_step(seqs, next_tokens,
+                                           [list(contexts[i]) + generated[i] for i in joining])
             else:
-                logits = decoder.step(still_active, next_tokens)
+                logits = decoder.step(seqs, next_tokens)
     return [Decoded(tuple(generated[i]), stopped[i], mass[i], steps_banned[i]) for i in range(n)]

@@ -81,6 +81,38 @@ def test_a_quantised_type_gives_n_and_intervals_on_a_seeded_sample(run, tmp_path
     assert json.loads((tmp_path / "again" / "quant.json").read_text())["per_item"] == summary["per_item"]
 
 
+def test_a_stopped_check_resumes_from_its_kept_calls_and_refuses_calls_of_other_weights(run, tmp_path, study_data):
+    out = tmp_path / "out"
+    assert _check(run, out, study_data, "--variants", "llamacpp:q8_0").exit_code == 0
+    first = json.loads((out / "quant.json").read_text())["per_item"]
+    calls = out / "calls" / "llamacpp-q8_0.jsonl"
+    header, *lines = calls.read_text().splitlines()
+    # one call per shard here (2 items each): a call never mixes shards, so adding shards changes no call
+    assert [{key[0] for key in json.loads(line)["items"]} for line in lines] == [
+        {"seeded/tools/00000"}, {"seeded/tools/00001"}]
+    # stopped half way through writing the second call: the first is read back (marked), the second scored again
+    marked = json.loads(lines[0])
+    marked["lp_before"] = [x - 1.0 for x in marked["lp_before"]]
+    calls.write_text("\n".join([header, json.dumps(marked), lines[1][: len(lines[1]) // 2]]))
+    assert _check(run, out, study_data, "--variants", "llamacpp:q8_0").exit_code == 0
+    again = {r["item_id"]: r for r in json.loads((out / "quant.json").read_text())["per_item"]}
+    kept = {key[1] for key in marked["items"]}
+    for row in first:
+        shift = 1.0 if row["item_id"] in kept else 0.0
+        assert again[row["item_id"]]["lp_before"] == pytest.approx(row["lp_before"] - shift, abs=1e-9)
+    assert len(calls.read_text().splitlines()) == 3  # the cut line was dropped and the call written whole
+    # a call is named by its items' scored tokens too: other tokens under the same item ids miss the kept call
+    other = json.loads(calls.read_text().splitlines()[1])
+    other["items"] = [[shard, item_id, "0" * 16] for shard, item_id, _ in other["items"]]
+    other["lp_before"] = [x - 5.0 for x in other["lp_before"]]
+    calls.write_text("\n".join([header, json.dumps(other)]) + "\n")
+    assert _check(run, out, study_data, "--variants", "llamacpp:q8_0").exit_code == 0
+    assert json.loads((out / "quant.json").read_text())["per_item"] == first
+    calls.write_text(calls.read_text().replace('"weights": "', '"weights": "other '))
+    result = _check(run, out, study_data, "--variants", "llamacpp:q8_0")
+    assert result.exit_code == DataError.exit_code and "scores of other weights" in result.output
+
+
 def test_a_run_without_committed_rows_is_refused(run, tmp_path, study_data):
     empty = tmp_path / "empty"
     empty.mkdir()

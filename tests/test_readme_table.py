@@ -70,13 +70,38 @@ def test_table_has_n_and_ci_in_every_scope_and_mixed_rows_name_their_scopes():
     g_row = next(line for line in text.splitlines() if line.startswith("| G per action token"))
     assert "seeded tools: -1.200 [-1.400, -1.000] (20)" in g_row
     assert "seeded mbpp: -1.200 [-1.300, -1.100] (18)" in g_row and "model tools: " in g_row
-    assert g_row.endswith("| reproduced: seeded tools, seeded mbpp; not measurable: model tools (the paper's value "
-                          "lies inside the CI in seeded tools, outside in seeded mbpp) |")
+    # the note on the paper's value is about the reproduced scopes: it follows them, not the last group
+    assert g_row.endswith("| reproduced: seeded tools, seeded mbpp (the paper's value lies inside the CI in seeded "
+                          "tools, outside in seeded mbpp); not measurable: model tools |")
     greedy = next(line for line in text.splitlines() if line.startswith("| greedy reproduction"))
     assert greedy.endswith(f"| {NOT_MEASURABLE} |")  # saturated before and after: no finding
-    assert "seeded tools: saturated — not measurable at this n: 0 (20)" in greedy
+    # the difference says which side is saturated; each side says it is
+    assert ("seeded tools: 0 (20; not measurable: both at their bounds on every item), saturated — not measurable "
+            "at this n: 0 (20) -> saturated — not measurable at this n: 0 (20)") in greedy
     assert "pooled" not in text and "failure_prior" not in text
     assert study_table(SUMMARY) == text  # deterministic
+
+
+def test_a_saturated_side_of_a_rise_is_named_and_a_narrow_ci_gets_the_decimals_that_show_its_width():
+    from fastscore.study.report.markdown import mean_and_ci
+
+    assert mean_and_ci(0.99993, 0.99978, 1.0) == "0.9999 [0.9998, 1.0000]"
+    assert mean_and_ci(0.5, 0.4, 0.6) == "0.500 [0.400, 0.600]"
+    assert mean_and_ci(1.0, 1.0, 1.0) == "1.000 [1.000, 1.000]"  # a point interval stays a point
+    rise = env_summary(-1.4, -1.0)
+    rise["conditions"]["after"]["p_repeat"] = {"mean": 0.99999, "lo": 0.99999, "hi": 1.0, "n": 20, "saturated": "s"}
+    row = next(line for line in study_table({"tools": rise}).splitlines() if line.startswith("| P(repeat)"))
+    assert "tools: 0.950 (20; not measurable: after at its bound on every item), 0.050 [0.010, 0.100] (20)" in row
+    assert row.endswith(f"| {NOT_MEASURABLE} |")
+    # the model's own failures: its greedy attempt from `before` is the failed action, repeated by construction
+    own = env_summary(-0.3, -0.1)
+    own["conditions"]["before"]["greedy_repeat"] = {"mean": 1.0, "lo": 0.84, "hi": 1.0, "n": 20, "saturated": "s"}
+    own["conditions"]["after"]["greedy_repeat"] = {"mean": 0.2, "lo": 0.08, "hi": 0.42, "n": 20}
+    greedy = next(line for line in study_table({"model": {"tools": own}, "seeded": {"tools": own}}).splitlines()
+                  if line.startswith("| greedy reproduction"))
+    assert ("model tools: -0.800 (20; not measurable: before is the model's own greedy attempt, repeated by "
+            "construction), by construction: 1.000 (20) -> 0.200 [0.080, 0.420] (20)") in greedy
+    assert "seeded tools: -0.800 (20; not measurable: before at its bound on every item)" in greedy
 
 
 def test_a_readme_block_is_checked_and_rewritten_between_the_markers(tmp_path):

@@ -140,3 +140,41 @@ def test_refilling_on_the_embedded_model_f32_gives_the_same_completions(smollm_a
     print(f"{_differing(a, b)} of {len(a)} results differ; lengths {[len(r.token_ids) for r in a]}, "
           f"stopped by {[r.stopped_by for r in a]}")
     assert _differing(a, b) == 0
+
+
+def test_a_context_repeated_under_another_ban_follows_the_first_until_the_ban_parts_them(tiny):
+    """The study decodes `after` and `ban` (the same messages, the failed action banned): the banned twin reads the
+    free completion's logits and joins as a sequence of its own only where the ban makes it choose another token.
+    Results equal fixed batches (which decode every context in its own sequence); a twin whose ban never acts costs
+    no sequence, so fewer rows are stepped."""
+    chunked, refilled = _pair(tiny, width=4)
+    plain = _requests(6, [6, 12, 20])
+    free = chunked.greedy(plain, max_new_tokens=20)
+    never = "a text no completion here writes"
+    # twins of each context: banned as its free text (parts where that text would end), as a prefix of its first
+    # characters (parts at once), or as a text it never writes (follows to the end)
+    bans = lambda i: [[free[i].text], [free[i].text[:2]], [never]][i % 3]  # noqa: E731
+    twins = [GreedyRequest(f"{r.id}-ban", r.messages, banned=tuple(bans(i)), max_new_tokens=r.max_new_tokens,
+                           ban_prefix=i % 3 == 1)
+             for i, r in enumerate(plain)]
+    requests = [x for pair in zip(plain, twins) for x in pair]
+    a = chunked.greedy(requests, max_new_tokens=20)
+    b = refilled.greedy(requests, max_new_tokens=20)
+    print(f"{_differing(a, b)} of {len(a)} results differ; banned mass, largest relative difference "
+          f"{_mass_gap(a, b):.1e}; banned steps {[r.banned_steps for r in a]}")
+    assert _differing(a, b) == 0 and _mass_gap(a, b) <= 1e-5
+    assert sum(r.banned_steps for r in a[1::2]) > 0 and any(x.token_ids != y.token_ids for x, y in
+                                                             zip(a[::2], a[1::2])), "the bans must part some twins"
+    assert [r.token_ids for r in a[5::6]] == [r.token_ids for r in a[4::6]]  # never acts: the twin's own text
+
+    contexts = [tiny.context_ids(r.messages) for r in requests]
+    kwargs = dict(token_bytes=tiny.tokenizer.token_bytes, stop_ids=tiny.tokenizer.stop_ids,
+                  max_new_tokens=[r.max_new_tokens for r in requests], banned=[r.banned for r in requests],
+                  ban_prefix=[r.ban_prefix for r in requests])
+    followed = CountingDecoder(tiny.backend.decoder(20))
+    together = greedy_decode(followed, contexts, width=len(contexts), **kwargs)
+    alone = CountingDecoder(tiny.backend.decoder(20))
+    separate = greedy_decode(alone, contexts, **kwargs)  # no width: every context in its own sequence
+    print(f"rows stepped: each context its own sequence {sum(alone.rows)}, twins following {sum(followed.rows)}")
+    assert [d.token_ids for d in together] == [d.token_ids for d in separate]
+    assert sum(followed.rows) < sum(alone.rows)

@@ -237,7 +237,10 @@ class StreamDecoder(GroupedDecoder):
             target = max(free, key=lambda k: (shared.get(k, 0), -k))
             source = max(shared, key=lambda k: (shared[k], -k), default=target)
             keep = shared.get(target, 0)
-            if source != target and shared[source] >= max(keep + MIN_COPIED_PREFIX, 1):
+            # A completion that parted from the one it followed (greedy_decode) finds all of its context in that
+            # one's stream: copied whatever its length, so its K/V are the very ones its own steps computed.
+            whole = shared.get(source, 0) == len(want) > keep
+            if source != target and (shared[source] >= max(keep + MIN_COPIED_PREFIX, 1) or whole):
                 # Queued: llama.cpp copies the stream before the next decode, before anything else writes to it.
                 L.llama_memory_seq_cp(mem, source, target, -1, -1)
                 keep = shared[source]

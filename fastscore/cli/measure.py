@@ -176,7 +176,8 @@ def bench_scale(models, data, out, limit, threads, repeats, greedy_batch, new_to
                    "and per-candidate differences, argmax changes and contrast sign flips against the reference.")
 @click.option("--run", "run_dir", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Check on the committed items of this sharded run (fastscore study-shards) instead, against its "
-                   "committed rows (no reference re-scored; default variants: llamacpp:q8_0,llamacpp:q4_0).")
+                   "committed rows (no reference re-scored; default variants: llamacpp:q8_0,llamacpp:q4_0). Every "
+                   "finished scoring call is kept in OUT/calls: run the same command again to resume a stopped check.")
 @click.option("--sample", default=None, type=click.IntRange(min=1),
               help="With --run: a seeded random sample of this many committed items (--seed) instead of all.")
 @friendly

@@ -49,13 +49,23 @@ class InProcessPool:
 _worker_runner: ShardRunner | None = None  # one per worker process: its model stays loaded across shards
 
 
-def _start_worker(settings: ShardSettings) -> None:
+def _start_worker(settings: ShardSettings, runner: Callable[[ShardSettings], ShardRunner]) -> None:
     global _worker_runner
-    _worker_runner = ShardRunner(settings)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # idle: see _run_in_worker
+    _worker_runner = runner(settings)
 
 
 def _run_in_worker(shard: Shard) -> ShardDone:
-    return _run_shard(_worker_runner, shard)
+    # The parent interrupts the shards with SIGINT (ProcessPool.close(abort=True)), as Ctrl-C does. While a shard
+    # runs, SIGINT raises KeyboardInterrupt (Python's own handler, which also lets a long llama_decode abort): set
+    # here because a run started in the background by a shell without job control passes SIGINT on ignored. While
+    # idle, a worker ignores it: a KeyboardInterrupt in the executor's own loop would end the worker, break the pool
+    # and have the executor kill the other workers in the middle of their shards' clean-up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return _run_shard(_worker_runner, shard)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class ProcessPool:
@@ -66,10 +76,12 @@ class ProcessPool:
     resumes from its `.partial` folder like one run in process.
     """
 
-    def __init__(self, settings: ShardSettings, workers: int) -> None:
+    def __init__(self, settings: ShardSettings, workers: int,
+                 runner: Callable[[ShardSettings], ShardRunner] = ShardRunner) -> None:
         # spawn, not fork: the parent may hold llama.cpp or torch thread pools, which a fork does not copy safely.
+        # `runner` is made once in each worker (picklable by reference: a module-level class or function).
         self.executor = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_start_worker, initargs=(settings,))
+                                            initializer=_start_worker, initargs=(settings, runner))
 
     def submit(self, shard: Shard) -> Future:
         return self.executor.submit(_run_in_worker, shard)
@@ -77,8 +89,9 @@ class ProcessPool:
     def close(self, abort: bool = False) -> None:
         """Wait for the workers; with abort, first interrupt their shards (kept half done in `.partial` folders)."""
         if abort:
-            # The executor has no public way to stop a running call before Python 3.14 (terminate_workers).
-            for process in list(getattr(self.executor, "_processes", {}).values()):
+            # The executor has no public way to interrupt a running call (3.14's terminate_workers sends SIGTERM,
+            # which skips the shard's own clean-up); tests/test_sweep_local.py fails if `_processes` goes away.
+            for process in list((getattr(self.executor, "_processes", None) or {}).values()):
                 if process.is_alive():
                     os.kill(process.pid, signal.SIGINT)
         self.executor.shutdown(wait=True, cancel_futures=True)

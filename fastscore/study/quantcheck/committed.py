@@ -10,6 +10,7 @@ model does and that the rendered action tokens are the committed ones (else its 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ class CommittedItem:
 
     source: str  # "seeded" or "model"
     env: str
+    shard: str  # the committed shard that holds it
     item_id: str
     before: ScoreRequest  # the failed action under `before`
     after: CandidateSet  # the candidate set (failed action first) under `after`
@@ -93,7 +95,7 @@ def load_committed_items(run_dir: Path, data_dir: Path, sample: int | None = Non
         before_set = before.candidate_set(scored_candidates(item))
         after_lp = [-math.inf if x is None else x for x in conditions["after"]["cand_lp"]]
         items.append(CommittedItem(
-            source=spec.source, env=spec.env, item_id=item_id, before=before_set.score_requests()[0],
+            source=spec.source, env=spec.env, shard=spec.key, item_id=item_id, before=before_set.score_requests()[0],
             after=after.candidate_set(scored_candidates(item)),
             lp_before=float(scores["before"]["lp"]), lp_after=float(scores["after"]["lp"]),
             n_tokens=int(scores["after"]["n_tokens"]), argmax_after=int(np.argmax(after_lp)),
@@ -147,24 +149,95 @@ class CommittedScores:
 
 
 def score_committed(variant: Variant, selection, items: Sequence[CommittedItem], include_end_of_turn: bool,
-                    ref_tokens: list[list[tuple[int, ...]]], progress: bool = False) -> CommittedScores:
+                    ref_tokens: list[list[tuple[int, ...]]], progress: bool = False,
+                    cache_dir: Path | None = None) -> CommittedScores:
     """Score every item under `variant` (opened from `selection`); refused before any scoring if it tokenizes a
-    request differently from the run's model."""
+    request differently from the run's model. With `cache_dir`, each scored call is kept there and a call of the
+    same items is read back instead of scored again (a stopped check resumes)."""
     with selection.open(progress=progress, include_end_of_turn=include_end_of_turn) as scorer:
         for item, want, got in zip(items, ref_tokens, _token_requests(scorer, items)):
             if got != want:
                 raise DataError(f"{variant.label} tokenizes {item.group} item {item.item_id} differently from the "
                                 "run's model: its scores would be of other tokens")
-        lp_before, lp_after, argmax = [], [], []
-        for lo in tqdm(range(0, len(items), ITEMS_PER_CALL), desc=f"{variant.label} items", unit="call",
-                       disable=not progress):
-            chunk = items[lo : lo + ITEMS_PER_CALL]
-            lp_before += [r.logprob for r in scorer.score([item.before for item in chunk])]
-            for result in scorer.score_candidates([item.after for item in chunk]):
-                lp_after.append(result.results[0].logprob)
-                argmax.append(int(np.argmax([r.logprob for r in result.results])))
         weights = scorer.weights_note
-    return CommittedScores(variant.label, weights, np.array(lp_before), np.array(lp_after), np.array(argmax))
+        cache = ChunkCache(cache_dir, variant.label, weights) if cache_dir is not None else None
+        lp_before, lp_after, argmax = np.empty(len(items)), np.empty(len(items)), np.empty(len(items), dtype=int)
+        chunks = item_chunks(items)
+        for chunk in tqdm(chunks, desc=f"{variant.label} items", unit="call", disable=not progress):
+            # Named by the items and the very tokens scored: another run (or rendering) in the same --out misses.
+            keys = [(items[i].shard, items[i].item_id, _digest(ref_tokens[i])) for i in chunk]
+            scored = cache.get(keys) if cache is not None else None
+            if scored is None:
+                before = [r.logprob for r in scorer.score([items[i].before for i in chunk])]
+                after = scorer.score_candidates([items[i].after for i in chunk])
+                scored = {"lp_before": before, "lp_after": [result.results[0].logprob for result in after],
+                          "argmax": [int(np.argmax([r.logprob for r in result.results])) for result in after]}
+                if cache is not None:
+                    cache.put(keys, scored)
+            lp_before[chunk], lp_after[chunk], argmax[chunk] = scored["lp_before"], scored["lp_after"], scored["argmax"]
+    return CommittedScores(variant.label, weights, lp_before, lp_after, argmax)
+
+
+def _digest(tokens: list[tuple[int, ...]]) -> str:
+    return hashlib.sha256(json.dumps([list(t) for t in tokens]).encode()).hexdigest()[:16]
+
+
+def item_chunks(items: Sequence[CommittedItem]) -> list[list[int]]:
+    """The items scored per call, as indices: runs of up to ITEMS_PER_CALL items of one shard.
+
+    A quantised llama.cpp type's scores depend on the batch, so the calls are fixed by the shards: adding shards to
+    the run, sampling or resuming leaves every other call's items, and so its scores, as they were.
+    """
+    chunks: list[list[int]] = []
+    for index, item in enumerate(items):
+        if chunks and len(chunks[-1]) < ITEMS_PER_CALL and items[chunks[-1][0]].shard == item.shard:
+            chunks[-1].append(index)
+        else:
+            chunks.append([index])
+    return chunks
+
+
+def _json_lines(path: Path) -> list[dict]:
+    """The lines of a JSON-lines file; a last line cut off by a stop is dropped (and removed from the file)."""
+    text = path.read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines or text.endswith("\n"):
+        return [json.loads(line) for line in lines]
+    whole = [json.loads(line) for line in lines[:-1]]  # every line before the last was written whole
+    try:
+        return [*whole, json.loads(lines[-1])]
+    except json.JSONDecodeError:
+        path.write_text("".join(line + "\n" for line in lines[:-1]), encoding="utf-8")
+        return whole
+
+
+class ChunkCache:
+    """One variant's scored calls in `cache_dir/<variant>.jsonl`: a header naming the variant and its weights, then
+    one line per call (its items' keys and scores), appended as each call ends."""
+
+    def __init__(self, cache_dir: Path, label: str, weights: str) -> None:
+        self.path = Path(cache_dir) / f"{label.replace(':', '-')}.jsonl"
+        header = {"variant": label, "weights": weights}
+        self.done: dict[tuple, dict[str, list]] = {}
+        if self.path.exists():
+            lines = _json_lines(self.path)
+            if not lines or lines[0] != header:
+                raise DataError(f"{self.path} holds scores of other weights ({lines[0] if lines else 'no header'}, "
+                                f"not {header}): use another --out")
+            self.done = {tuple(map(tuple, line["items"])): line for line in lines[1:]}
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(header) + "\n", encoding="utf-8")
+
+    def get(self, keys: list[tuple[str, str, str]]) -> dict[str, list] | None:
+        return self.done.get(tuple(keys))
+
+    def put(self, keys: list[tuple[str, str, str]], scored: dict[str, list]) -> None:
+        line = {"items": [list(k) for k in keys], **{k: [float(x) if k != "argmax" else int(x) for x in v]
+                                                      for k, v in scored.items()}}
+        with self.path.open("a", encoding="utf-8") as f:  # one line per call: a stop loses at most the call it cut
+            f.write(json.dumps(line, allow_nan=False) + "\n")
+        self.done[tuple(keys)] = line
 
 
 @dataclass(frozen=True)
@@ -202,7 +275,8 @@ def run_committed_check(config: CommittedCheckConfig) -> dict[str, Any]:
     log.info("quant check on %s: %d committed items, %d variants", config.run_dir, len(items), len(config.variants))
     with OutDirLock(Path(config.out_dir)):
         ref_tokens = reference_tokens(own, items, eot)
-        scores = {v.label: score_committed(v, selection, items, eot, ref_tokens, config.progress)
+        scores = {v.label: score_committed(v, selection, items, eot, ref_tokens, config.progress,
+                                           Path(config.out_dir) / "calls")
                   for v, selection in zip(config.variants, selections)}
         summary = summarize(items, scores, settings, config)
         write_outputs(summary, items, scores, Path(config.out_dir))

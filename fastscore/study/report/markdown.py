@@ -13,14 +13,27 @@ def num(x: float) -> str:
     return f"{x:.2e}" if abs(x) < 1e-3 or abs(x) >= 1e5 else f"{x:.3f}"
 
 
+def mean_and_ci(mean: float, lo: float, hi: float) -> str:
+    """`mean [lo, hi]`, with more decimals (up to 6) where three would print an interval of width as one point:
+    0.99993 [0.99978, 1.0] is `0.9999 [0.9998, 1.0000]`, not `1.000 [1.000, 1.000]`, which reads as saturated."""
+    text = [num(mean), num(lo), num(hi)]
+    if text[1] == text[2] and lo != hi and "e" not in text[1]:
+        for decimals in range(4, 7):
+            text = [f"{x:.{decimals}f}" for x in (mean, lo, hi)]
+            if text[1] != text[2]:
+                break
+    return f"{text[0]} [{text[1]}, {text[2]}]"
+
+
 def cell(entry: dict[str, Any] | None, reason: str | None = None) -> str:
     if entry is None:
         return f"n/a ({reason})" if reason else "n/a"
-    ci = "[n/a]" if entry.get("lo") is None else f"[{num(entry['lo'])}, {num(entry['hi'])}]"
     flag = " ⚠" if entry.get("unstable") else ""
     if entry.get("saturated"):  # at its bound on every item: the CI is set by n alone, no finding
         return f"{SATURATED}: {num(entry['mean'])} ({entry['n']})"
-    return f"{num(entry['mean'])} {ci} ({entry['n']}){flag}"
+    if entry.get("lo") is None:
+        return f"{num(entry['mean'])} [n/a] ({entry['n']}){flag}"
+    return f"{mean_and_ci(entry['mean'], entry['lo'], entry['hi'])} ({entry['n']}){flag}"
 
 
 def ci_pct(est: dict[str, Any]) -> str:

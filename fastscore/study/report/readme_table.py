@@ -33,7 +33,7 @@ from typing import Any
 
 from fastscore.errors import DataError
 from fastscore.study.analysis.power import MIN_ITEMS
-from fastscore.study.report.markdown import cell, table
+from fastscore.study.report.markdown import cell, num, table
 
 BEGIN = "<!-- study-table:begin -->"
 END = "<!-- study-table:end -->"
@@ -67,15 +67,27 @@ def _path(*keys: str) -> Getter:
     return get
 
 
+# Under the model's own failures the failed action is the model's greedy attempt from `before`: greedy decoding
+# there reproduces it on every item by construction.
+BEFORE_BY_CONSTRUCTION_ON_POLICY = ("greedy_repeat",)
+
+
 def _repeat_rise(metric: str) -> Getter:
     """after - before of a share, as an interval difference (after's low end over before's high end)."""
     def get(s: dict[str, Any]) -> dict[str, Any] | None:
         before, after = _path("conditions", "before", metric)(s), _path("conditions", "after", metric)(s)
         if before is None or after is None:
             return None
-        if before.get("saturated") or after.get("saturated"):  # a side at its bound on every item: no finding
+        if s.get("failures") == "model" and metric in BEFORE_BY_CONSTRUCTION_ON_POLICY:
             return {"mean": after["mean"] - before["mean"], "lo": None, "hi": None, "n": min(after["n"], before["n"]),
-                    "saturated": "before or after", "note": f"{cell(before)} -> {cell(after)}"}
+                    "saturated": "before is the model's own greedy attempt, repeated by construction",
+                    "note": f"by construction: {num(before['mean'])} ({before['n']}) -> {cell(after)}"}
+        sides = [side for side, est in (("before", before), ("after", after)) if est.get("saturated")]
+        if sides:  # a side at its bound on every item: the difference is no finding
+            return {"mean": after["mean"] - before["mean"], "lo": None, "hi": None, "n": min(after["n"], before["n"]),
+                    "saturated": (f"{sides[0]} at its bound on every item" if len(sides) == 1
+                                  else "both at their bounds on every item"),
+                    "note": f"{cell(before)} -> {cell(after)}"}
         if after.get("lo") is None or before.get("lo") is None:
             return None
         return {"mean": after["mean"] - before["mean"], "lo": after["lo"] - before["hi"],
@@ -158,28 +170,29 @@ def _value_note(claim: Claim, estimates: dict[str, dict[str, Any] | None], verdi
 def scopes(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """`source env` -> the environment summary, for a summary keyed by source (`--failures both`) or one source's."""
     if any(source in summary for source in SOURCES):
-        return {f"{source} {env}": s for source in SOURCES for env, s in (summary.get(source) or {}).items()
-                if env not in NOT_SCOPES}
+        return {f"{source} {env}": {**s, "failures": source} for source in SOURCES
+                for env, s in (summary.get(source) or {}).items() if env not in NOT_SCOPES}
     return {env: s for env, s in summary.items() if env not in NOT_SCOPES}
 
 
-def _row_verdict(verdicts: dict[str, str]) -> str:
-    measured = {scope: v for scope, v in verdicts.items() if v != NOT_MEASURABLE}
-    if not measured:
-        return NOT_MEASURABLE
-    kinds = set(measured.values())
-    if kinds == {REPRODUCED} and len(measured) == len(verdicts):
-        return REPRODUCED
-    if kinds == {NOT_REPRODUCED} and len(measured) == len(verdicts):
-        return NOT_REPRODUCED
+def _row_verdict(verdicts: dict[str, str], value_note: str = "") -> str:
+    """One verdict when every scope agrees, else each verdict with its scopes; `value_note` (about the reproduced
+    scopes) follows the reproduced part."""
+    if len(set(verdicts.values())) == 1:
+        only = next(iter(verdicts.values()))
+        return only + (value_note if only == REPRODUCED else "")
     return "; ".join(f"{v}: {', '.join(s for s, x in verdicts.items() if x == v)}"
+                     + (value_note if v == REPRODUCED else "")
                      for v in (REPRODUCED, NOT_REPRODUCED, NOT_MEASURABLE) if v in verdicts.values())
 
 
 def _cell(est: dict[str, Any] | None) -> str:
     if est is None:
         return "no estimate"
-    text = cell(est)
+    if est.get("saturated") and est.get("note"):  # a difference of two sides, one saturated: say which
+        text = f"{num(est['mean'])} ({est['n']}; not measurable: {est['saturated']})"
+    else:
+        text = cell(est)
     return f"{text}, {est['note']}" if est.get("note") and "->" in est["note"] else text
 
 
@@ -193,7 +206,7 @@ def study_table(summary: dict[str, Any]) -> str:
         estimates = {scope: claim.get(s) for scope, s in by_scope.items()}
         verdicts = {scope: verdict(est, claim) for scope, est in estimates.items()}
         study = "; ".join(f"{scope}: {_cell(est)}" for scope, est in estimates.items())
-        rows.append([claim.claim, claim.paper, study, _row_verdict(verdicts) + _value_note(claim, estimates, verdicts)])
+        rows.append([claim.claim, claim.paper, study, _row_verdict(verdicts, _value_note(claim, estimates, verdicts))])
     return table(["claim in the abstract", "paper", "this study: mean [95% CI] (n) per source and environment",
                   "verdict"], rows)
 
