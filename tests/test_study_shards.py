@@ -148,6 +148,16 @@ def test_a_run_records_each_shard_and_resumes_with_the_next(first, tmp_path):
         run_shards(replace(config, only_sources=("mbpp",)))
     stopped = run_shards(replace(config, max_shards=None, max_hours=1e-6))
     assert stopped.ran == () and "--max-hours" in stopped.stopped
+    # a shard that would not fit is skipped, not the whole queue: the short model shard after it still runs
+    record = json.loads((out / "manifest.json").read_text())
+    for shard in record["shards"].values():
+        if shard["source"] == "seeded":
+            shard["seconds"] = 1e6
+    (out / "manifest.json").write_text(json.dumps(record))
+    packed = run_shards(replace(config, max_shards=2, max_hours=0.5))
+    assert packed.ran == ("model/tools/00001", "model/tools/00002")  # seeded/tools/00003 between them: skipped
+    rest = run_shards(replace(config, max_shards=None, max_hours=0.5, only_sources=("seeded",)))
+    assert rest.ran == () and "--max-hours 0.5" in rest.stopped and "first seeded/tools/00003" in rest.stopped
 
 
 def test_worker_processes_run_shards_at_once_with_the_rows_of_one_process(first, tmp_path):

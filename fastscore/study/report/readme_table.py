@@ -78,20 +78,21 @@ def _repeat_rise(metric: str) -> Getter:
         before, after = _path("conditions", "before", metric)(s), _path("conditions", "after", metric)(s)
         if before is None or after is None:
             return None
+        rise = {"mean": after["mean"] - before["mean"], "n": min(after["n"], before["n"])}
+
+        def no_interval(why: str, note: str) -> dict[str, Any]:
+            return {**rise, "lo": None, "hi": None, "saturated": why, "note": note}
+
         if s.get("failures") == "model" and metric in BEFORE_BY_CONSTRUCTION_ON_POLICY:
-            return {"mean": after["mean"] - before["mean"], "lo": None, "hi": None, "n": min(after["n"], before["n"]),
-                    "saturated": "before is the model's own greedy attempt, repeated by construction",
-                    "note": f"by construction: {num(before['mean'])} ({before['n']}) -> {cell(after)}"}
+            return no_interval("before is the model's own greedy attempt, repeated by construction",
+                               f"by construction: {num(before['mean'])} ({before['n']}) -> {cell(after)}")
         sides = [side for side, est in (("before", before), ("after", after)) if est.get("saturated")]
         if sides:  # a side at its bound on every item: the difference is no finding
-            return {"mean": after["mean"] - before["mean"], "lo": None, "hi": None, "n": min(after["n"], before["n"]),
-                    "saturated": (f"{sides[0]} at its bound on every item" if len(sides) == 1
-                                  else "both at their bounds on every item"),
-                    "note": f"{cell(before)} -> {cell(after)}"}
+            return no_interval(f"{sides[0]} at its bound on every item" if len(sides) == 1
+                               else "both at their bounds on every item", f"{cell(before)} -> {cell(after)}")
         if after.get("lo") is None or before.get("lo") is None:
             return None
-        return {"mean": after["mean"] - before["mean"], "lo": after["lo"] - before["hi"],
-                "hi": after["hi"] - before["lo"], "n": min(after["n"], before["n"]),
+        return {**rise, "lo": after["lo"] - before["hi"], "hi": after["hi"] - before["lo"],
                 "note": f"{cell(before)} -> {cell(after)}"}
 
     return get

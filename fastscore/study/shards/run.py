@@ -208,24 +208,23 @@ def run_shards(config: ShardRunConfig, progress: bool = False,
                                  max_new_tokens=config.max_new_tokens, threads=config.worker_threads(),
                                  sandbox=config.sandbox)
         pool = InProcessPool(settings) if config.workers == 1 else ProcessPool(settings, config.workers)
-        queue, running = deque(pending), {}
+        queue, running, too_long = deque(pending), {}, []
         finished = False
         try:
             while True:
                 while queue and len(running) < config.workers:
-                    spec = queue[0]
                     if config.max_shards is not None and len(ran) + len(running) >= config.max_shards:
                         stopped = f"--max-shards {config.max_shards} reached"
                         queue.clear()
                         break
+                    spec = queue.popleft()
                     elapsed = time.perf_counter() - started
                     expected = _expected_seconds(manifest, spec, settings.threads)
                     if config.max_hours is not None and elapsed + SAFETY * expected > config.max_hours * 3600:
-                        stopped = (f"--max-hours {config.max_hours}: shard {spec.key} (about {expected:.0f} s) "
-                                   "would not end in time")
-                        queue.clear()
-                        break
-                    queue.popleft()
+                        # Skipped for good (the time left only shrinks), but a shorter shard later in the queue may
+                        # still fit: a long model/mbpp shard does not keep the short ones from the session's end.
+                        too_long.append(f"{spec.key} (about {expected:.0f} s)")
+                        continue
                     say(f"shard {spec.key}: seeded positions {spec.start}-{spec.stop - 1} ...")
                     shard = spec.sweep_shard(study.model, study.backend, study.quant)
                     running[pool.submit(shard)] = (spec, shard, _utc())
@@ -254,6 +253,9 @@ def run_shards(config: ShardRunConfig, progress: bool = False,
                     if config.commit:
                         _git(out_dir, "add", "--", ".")
                         _git(out_dir, "commit", "-q", "-m", commit_message(out_dir, [spec.key]), "--", ".")
+            if too_long and not stopped.startswith("--max-shards"):
+                stopped = (f"--max-hours {config.max_hours}: {len(too_long)} shard(s) would not end in time, "
+                           f"first {too_long[0]}")
             finished = True
         finally:
             pool.close(abort=not finished)
