@@ -31,7 +31,8 @@ def study_shards() -> None:
 @click.option("--shard-items", default=50, show_default=True, type=click.IntRange(min=1),
               help="Seeded positions per shard (fixed for the run: the partition is recorded in its manifest).")
 @click.option("--max-hours", default=None, type=click.FloatRange(min=0, min_open=True),
-              help="Start no shard that would not end within this many hours (from the shards' measured times).")
+              help="Start no shard that would not end within this many hours (from the shards' measured times); "
+                   "shorter shards after one that would not fit still start.")
 @click.option("--max-shards", default=None, type=click.IntRange(min=1), help="Run at most this many shards.")
 @click.option("--commit", is_flag=True, help="`git add` and `git commit` RUN_DIR after each finished shard.")
 @click.option("--model", default=None, help=MODEL_HELP)
