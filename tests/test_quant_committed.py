@@ -171,6 +171,36 @@ def test_the_check_sees_rows_that_differ_and_refuses_rows_of_other_tokens(run, t
     assert "score other tokens than the committed rows" in result.output
 
 
+def test_an_item_the_run_could_not_score_is_left_out_and_named(run, tmp_path, study_data):
+    """An item the run recorded an item error for (as the full run's mbpp-493, too long for n_ctx) has no rows: the
+    check leaves it out, says so, and samples only from the items the run scored."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".scratch", ".fastscore.lock*"))
+    first = read_rows(copy / "rows/seeded/tools/shard-00000/items.parquet")[0]["item_id"]
+
+    def drop(rows):
+        rows[:] = [r for r in rows if r["item_id"] != first]
+
+    _recommit(copy, "scores", drop)
+    _recommit(copy, "logprobs", drop)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    errors = copy / "rows/seeded/tools/shard-00000/item_errors.parquet"
+    write_rows(errors, [{"item_id": first, "env": "tools", "stage": "score", "reason": "context too long for the model",
+                         "detail": "crafted"}])
+    manifest["shards"]["seeded/tools/00000"]["files"]["item_errors"] = {
+        "file": errors.relative_to(copy).as_posix(), "sha256": sha256_file(errors), "n": 1}
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+
+    for options, n in ((), 3), (("--sample", "3", "--seed", "0"), 3):
+        out = tmp_path / f"out{len(options)}"
+        result = _check(copy, out, study_data, "--variants", "llamacpp:f32", *options)
+        assert result.exit_code == 0, result.output + repr(result.exception)
+        summary = json.loads((out / "quant.json").read_text())
+        assert summary["items"]["all"] == n and first not in {r["item_id"] for r in summary["per_item"]}
+        assert summary["left_out_item_errors"] == [f"seeded/tools/00000:{first}"]
+        assert f"Left out: 1 committed item(s) the run recorded an item error for" in (out / "quant.md").read_text()
+
+
 def test_options_that_pick_other_items_are_refused_with_run(tmp_path):
     runner = CliRunner()
     for extra in (["--limit", "3"], ["--env", "tools"], ["--requests", str(tmp_path / "r.jsonl")]):
@@ -206,7 +236,7 @@ def test_a_variant_that_tokenizes_the_requests_differently_is_refused(run, tiny_
     from fastscore.variants import get
 
     other = _with_other_template(tiny_model("llama"))
-    items, settings = load_committed_items(run, study_data)
+    items, settings, _ = load_committed_items(run, study_data)
     own = ModelSelection.resolve(settings["model"], "llamacpp", "f32", threads=1)
     ref_tokens = reference_tokens(own, items, settings["include_end_of_turn"])
     variant = get("llamacpp", "f32")

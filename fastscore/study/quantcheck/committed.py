@@ -62,19 +62,22 @@ class CommittedItem:
 
 
 def load_committed_items(run_dir: Path, data_dir: Path, sample: int | None = None, seed: int = 0
-                         ) -> tuple[list[CommittedItem], dict[str, Any]]:
-    """The run's committed items (a seeded sample of `sample` of them, or all) and the run's settings."""
+                         ) -> tuple[list[CommittedItem], dict[str, Any], list[str]]:
+    """The run's committed items that it scored (a seeded sample of `sample` of them, or all), the run's settings,
+    and the items left out because the run recorded an item error for them ("shard:item")."""
     from fastscore.study.data.conditions import render_conditions
     from fastscore.study.data.envs import open_envs
     from fastscore.study.data.items import Item
     from fastscore.study.stages.onpolicy import scored_candidates
     from fastscore.study.shards.manifest import Manifest
-    from fastscore.study.shards.rescore import committed_rows
+    from fastscore.study.shards.rescore import committed_rows, errored_items
     from fastscore.study.shards.rescore import sample as sample_items
 
     run_dir = Path(run_dir)
     manifest = Manifest.open(run_dir, None)
-    picks = sample_items(run_dir, manifest, math.inf if sample is None else sample, seed) if manifest.shards else []
+    picks = (sample_items(run_dir, manifest, math.inf if sample is None else sample, seed, scored_only=True)
+             if manifest.shards else [])
+    left_out = [f"{key}:{item_id}" for key, item_id in errored_items(run_dir, manifest)]
     if not picks:
         raise DataError(f"{run_dir} has no committed rows: no item to check quantisation on "
                         "(run `fastscore study-shards run` first)")
@@ -102,7 +105,7 @@ def load_committed_items(run_dir: Path, data_dir: Path, sample: int | None = Non
             action_tokens=(tuple(conditions["before"]["cand_token_ids"][0]),
                            *(tuple(t) for t in conditions["after"]["cand_token_ids"])),
         ))  # fmt: skip
-    return items, manifest.settings
+    return items, manifest.settings, left_out
 
 
 def _one(rows: dict[str, list[dict]], kind: str, item_id: str, where: str) -> dict:
@@ -263,7 +266,7 @@ def run_committed_check(config: CommittedCheckConfig) -> dict[str, Any]:
     from fastscore.study.quantcheck.committed_report import summarize, write_outputs
 
     # The run, its rows, the data and every name first: nothing is created in --out for a check that cannot start.
-    items, settings = load_committed_items(config.run_dir, config.data_dir, config.sample, config.seed)
+    items, settings, left_out = load_committed_items(config.run_dir, config.data_dir, config.sample, config.seed)
     model = config.model or settings["model"]
     if model != settings["model"]:  # another model's variants against these rows would measure the model, not the type
         raise DataError(f"{config.run_dir} was run on {settings['model']!r}: its rows are no reference for {model!r}")
@@ -278,6 +281,6 @@ def run_committed_check(config: CommittedCheckConfig) -> dict[str, Any]:
         scores = {v.label: score_committed(v, selection, items, eot, ref_tokens, config.progress,
                                            Path(config.out_dir) / "calls")
                   for v, selection in zip(config.variants, selections)}
-        summary = summarize(items, scores, settings, config)
+        summary = summarize(items, scores, settings, config, left_out)
         write_outputs(summary, items, scores, Path(config.out_dir))
     return summary

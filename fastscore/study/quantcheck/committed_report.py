@@ -43,7 +43,9 @@ def compare_group(items: Sequence, var, mask: np.ndarray, idx: np.ndarray) -> di
     }
 
 
-def summarize(items: Sequence, scores: dict, settings: dict[str, Any], config) -> dict[str, Any]:
+def summarize(items: Sequence, scores: dict, settings: dict[str, Any], config, left_out: Sequence[str] = ()
+              ) -> dict[str, Any]:
+    """`left_out`: committed items the run recorded an item error for (no rows to compare with)."""
     groups = {ALL: np.ones(len(items), dtype=bool)}
     for group in dict.fromkeys(item.group for item in items):
         groups[group] = np.array([item.group == group for item in items])
@@ -62,6 +64,7 @@ def summarize(items: Sequence, scores: dict, settings: dict[str, Any], config) -
         "model": config.model or settings["model"],
         "reference": REFERENCE_NOTE.format(backend=settings["backend"], quant=settings["quant"]),
         "items": {"sample": config.sample, "seed": config.seed, **{g: int(m.sum()) for g, m in groups.items()}},
+        "left_out_item_errors": list(left_out),
         "definitions": {
             "G": "lp(failed action | before) - lp(failed action | after), natural log, summed over the action's "
                  "scored tokens (end-of-turn included when the run scored it)",
@@ -108,6 +111,14 @@ def _ci(entry: dict[str, Any], digits: int, percent: bool = False) -> str:
     return f"{scale * entry['mean']:.{digits}f}{unit} [{bounds}]"
 
 
+def _left_out(summary: dict[str, Any]) -> str:
+    left_out = summary.get("left_out_item_errors") or []
+    if not left_out:
+        return ""
+    return (f" Left out: {len(left_out)} committed item(s) the run recorded an item error for, so no rows to "
+            f"compare with ({', '.join(left_out[:5])}{', ...' if len(left_out) > 5 else ''}).")
+
+
 def _bins(bins: Sequence[dict[str, Any]]) -> str:
     return ", ".join(f"{100 * b['agreement']:.0f}% of {b['n']}" if b["n"] else "none" for b in bins)
 
@@ -117,7 +128,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
     how = "every committed item" if items["sample"] is None else f"a seeded sample (seed {items['seed']})"
     lines = [f"# Quantisation check on committed items — {summary['model']}", "",
              f"Date: {summary['date_utc']}. Command: `{summary['command']}`.", "",
-             f"Run: `{summary['run']}`, {how}: {items[ALL]} items.", "",
+             f"Run: `{summary['run']}`, {how}: {items[ALL]} items.{_left_out(summary)}", "",
              f"Reference: {summary['reference']}. No reference is re-scored: each variant scores the committed "
              "items' `before` and `after` requests as the study rendered them, and is compared with the rows.", "",
              "| variant | source/env | n | sign agreement [95% CI] | Δ G/token (variant − committed) [95% CI] | "

@@ -100,9 +100,14 @@ def committed_rows(run_dir: Path, manifest: Manifest, spec: ShardSpec) -> dict[s
     return rows
 
 
-def sample(run_dir: Path, manifest: Manifest, k: int, seed: int) -> list[tuple[ShardSpec, str]]:
-    """A seeded random sample of `k` committed items, as (shard, item id)."""
+def sample(run_dir: Path, manifest: Manifest, k: int, seed: int, *, scored_only: bool = False
+           ) -> list[tuple[ShardSpec, str]]:
+    """A seeded random sample of `k` committed items, as (shard, item id); with `scored_only`, of those the run
+    scored (not the items it recorded an item error for, which have no log-prob or score rows)."""
     pool = list(_committed_items(run_dir, manifest))
+    if scored_only:
+        errored = set(errored_items(run_dir, manifest))
+        pool = [pick for pick in pool if pick not in errored]
     picked = random.Random(seed).sample(pool, min(k, len(pool)))
     return [(ShardSpec.of(manifest.shards[key]), item_id) for key, item_id in sorted(picked)]
 
@@ -115,6 +120,14 @@ def named(run_dir: Path, manifest: Manifest, item_ids: Sequence[str]) -> list[tu
     if missing:
         raise DataError(f"no committed shard of {run_dir} holds item(s) {', '.join(missing)}")
     return [(ShardSpec.of(manifest.shards[key]), item_id) for key, item_id in sorted((k, i) for i, k in found.items())]
+
+
+def errored_items(run_dir: Path, manifest: Manifest) -> Iterator[tuple[str, str]]:
+    """(shard key, item id) of every committed item error (an item the run could not score: too long, ...)."""
+    for key in sorted(manifest.shards):
+        errors_file = manifest.shards[key]["files"].get("item_errors")
+        if errors_file is not None:
+            yield from ((key, r["item_id"]) for r in read_rows(Path(run_dir) / errors_file["file"]))
 
 
 def _committed_items(run_dir: Path, manifest: Manifest) -> Iterator[tuple[str, str]]:
