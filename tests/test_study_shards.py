@@ -20,7 +20,7 @@ from fastscore.cli import main
 from fastscore.errors import DataError, ReproductionError, ResumeConfigError
 from fastscore.study.runner import StudyConfig, run_study
 from fastscore.study.shards.manifest import Manifest, sha256_file
-from fastscore.study.shards.merge import coverage
+from fastscore.study.shards.merge import coverage, coverage_lines
 from fastscore.study.shards.plan import partition
 from fastscore.study.shards.rescore import Comparison, compare
 from fastscore.study.shards.rowfiles import read_rows, write_rows
@@ -77,6 +77,12 @@ def test_coverage_labels_a_run_partial_until_every_shard_is_in():
     manifest.record["shards"][specs[1].key] = {"n_items": 1, "source": "seeded", "env": "tools"}
     whole = coverage(manifest, counts, ("seeded",), 2)
     assert not whole["partial"] and whole["n_items"] == {"seeded": {"tools": 3}} and whole["shards_done"] == 2
+    assert "seeded/tools n = 3 (3 of 3 seeded positions)." in coverage_lines(whole)[0]
+    # an item the run could not score (too long for the context) has no rows: n counts the scored items only
+    manifest.record["shards"][specs[1].key]["n_item_errors"] = 1
+    errored = coverage(manifest, counts, ("seeded",), 2)
+    assert errored["n_items"] == {"seeded": {"tools": 2}}
+    assert "seeded/tools n = 2 (3 of 3 seeded positions; 1 item could not be scored" in coverage_lines(errored)[0]
 
 
 def test_without_commit_the_run_prints_the_git_commands_that_commit_its_shards(tmp_path, monkeypatch):

@@ -43,11 +43,16 @@ class MergeOutcome:
 
 def coverage(manifest: Manifest, counts: dict[str, int], sources: tuple[str, ...], shard_items: int
              ) -> dict[str, Any]:
-    """How much of the plan the committed shards hold: per source and environment, items and seeded positions."""
+    """How much of the plan the committed shards hold: per source and environment, the items scored (an item the
+    run recorded an item error for is counted apart: it has no rows, so no estimate holds it) and seeded positions."""
     specs = partition(counts, sources, shard_items)
     done = [s for s in specs if s.key in manifest.shards]
-    cells = {source: {env: {"n_items": sum(manifest.shards[s.key]["n_items"] for s in done
-                                           if (s.source, s.env) == (source, env)),
+
+    def total(field: str, source: str, env: str) -> int:
+        return sum(manifest.shards[s.key].get(field, 0) for s in done if (s.source, s.env) == (source, env))
+
+    cells = {source: {env: {"n_items": total("n_items", source, env) - total("n_item_errors", source, env),
+                            "item_errors": total("n_item_errors", source, env),
                             "positions_done": sum(s.stop - s.start for s in done if (s.source, s.env) == (source, env)),
                             "positions_total": n}
                       for env, n in counts.items()} for source in sources}
@@ -67,9 +72,14 @@ def coverage_lines(cov: dict[str, Any]) -> list[str]:
     """The label every report of a sharded run opens with."""
     state = "**Partial run**" if cov["partial"] else "**Complete run**"
     cells = "; ".join(f"{source}/{env} n = {c['n_items']} ({c['positions_done']} of {c['positions_total']} seeded "
-                      "positions)" for source, by_env in cov["by_source"].items() for env, c in by_env.items())
+                      f"positions{_errored(c.get('item_errors', 0), source)})"
+                      for source, by_env in cov["by_source"].items() for env, c in by_env.items())
     tail = " Every estimate below comes from these items only." if cov["partial"] else ""
     return [f"> {state}: {cov['shards_done']} of {cov['shards_total']} shards committed; {cells}.{tail}"]
+
+
+def _errored(n: int, source: str) -> str:
+    return f"; {n} item{'s' if n > 1 else ''} could not be scored, reason in {source}/report.md" if n else ""
 
 
 def _label(report: Path, lines: list[str]) -> None:
