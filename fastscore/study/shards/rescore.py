@@ -124,18 +124,19 @@ def named(run_dir: Path, manifest: Manifest, item_ids: Sequence[str]) -> list[tu
 
 def errored_items(run_dir: Path, manifest: Manifest) -> Iterator[tuple[str, str]]:
     """(shard key, item id) of every committed item error (an item the run could not score: too long, ...)."""
-    for key in sorted(manifest.shards):
-        errors_file = manifest.shards[key]["files"].get("item_errors")
-        if errors_file is not None:
-            yield from ((key, r["item_id"]) for r in read_rows(Path(run_dir) / errors_file["file"]))
+    return _item_ids(run_dir, manifest, "item_errors")
 
 
 def _committed_items(run_dir: Path, manifest: Manifest) -> Iterator[tuple[str, str]]:
     """(shard key, item id) of every committed item, shard after shard in key order."""
+    return _item_ids(run_dir, manifest, "items")
+
+
+def _item_ids(run_dir: Path, manifest: Manifest, kind: str) -> Iterator[tuple[str, str]]:
     for key in sorted(manifest.shards):
-        items_file = manifest.shards[key]["files"].get("items")
-        if items_file is not None:
-            yield from ((key, r["item_id"]) for r in read_rows(Path(run_dir) / items_file["file"]))
+        entry = manifest.shards[key]["files"].get(kind)
+        if entry is not None:
+            yield from ((key, r["item_id"]) for r in read_rows(Path(run_dir) / entry["file"]))
 
 
 def _position(spec: ShardSpec, item: dict[str, Any], plan: SeededItems) -> int:
