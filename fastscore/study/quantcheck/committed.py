@@ -75,9 +75,10 @@ def load_committed_items(run_dir: Path, data_dir: Path, sample: int | None = Non
 
     run_dir = Path(run_dir)
     manifest = Manifest.open(run_dir, None)
-    picks = (sample_items(run_dir, manifest, math.inf if sample is None else sample, seed, scored_only=True)
+    errored = list(errored_items(run_dir, manifest))
+    picks = (sample_items(run_dir, manifest, math.inf if sample is None else sample, seed, excluding=errored)
              if manifest.shards else [])
-    left_out = [f"{key}:{item_id}" for key, item_id in errored_items(run_dir, manifest)]
+    left_out = [f"{key}:{item_id}" for key, item_id in errored]
     if not picks:
         raise DataError(f"{run_dir} has no committed rows: no item to check quantisation on "
                         "(run `fastscore study-shards run` first)")

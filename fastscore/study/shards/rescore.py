@@ -13,7 +13,7 @@ import json
 import logging
 import random
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,14 +100,12 @@ def committed_rows(run_dir: Path, manifest: Manifest, spec: ShardSpec) -> dict[s
     return rows
 
 
-def sample(run_dir: Path, manifest: Manifest, k: int, seed: int, *, scored_only: bool = False
-           ) -> list[tuple[ShardSpec, str]]:
-    """A seeded random sample of `k` committed items, as (shard, item id); with `scored_only`, of those the run
-    scored (not the items it recorded an item error for, which have no log-prob or score rows)."""
-    pool = list(_committed_items(run_dir, manifest))
-    if scored_only:
-        errored = set(errored_items(run_dir, manifest))
-        pool = [pick for pick in pool if pick not in errored]
+def sample(run_dir: Path, manifest: Manifest, k: int, seed: int, *,
+           excluding: Collection[tuple[str, str]] = ()) -> list[tuple[ShardSpec, str]]:
+    """A seeded random sample of `k` committed items, as (shard, item id), leaving out the (shard, item id) pairs in
+    `excluding` (the items the run recorded an item error for have no log-prob or score rows)."""
+    left_out = set(excluding)
+    pool = [pick for pick in _committed_items(run_dir, manifest) if pick not in left_out]
     picked = random.Random(seed).sample(pool, min(k, len(pool)))
     return [(ShardSpec.of(manifest.shards[key]), item_id) for key, item_id in sorted(picked)]
 

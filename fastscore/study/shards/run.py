@@ -209,12 +209,13 @@ def run_shards(config: ShardRunConfig, progress: bool = False,
                                  sandbox=config.sandbox)
         pool = InProcessPool(settings) if config.workers == 1 else ProcessPool(settings, config.workers)
         queue, running, too_long = deque(pending), {}, []
-        finished = False
+        finished = max_shards_reached = False
         try:
             while True:
                 while queue and len(running) < config.workers:
                     if config.max_shards is not None and len(ran) + len(running) >= config.max_shards:
                         stopped = f"--max-shards {config.max_shards} reached"
+                        max_shards_reached = True
                         queue.clear()
                         break
                     spec = queue.popleft()
@@ -253,7 +254,7 @@ def run_shards(config: ShardRunConfig, progress: bool = False,
                     if config.commit:
                         _git(out_dir, "add", "--", ".")
                         _git(out_dir, "commit", "-q", "-m", commit_message(out_dir, [spec.key]), "--", ".")
-            if too_long and not stopped.startswith("--max-shards"):
+            if too_long and not max_shards_reached:
                 stopped = (f"--max-hours {config.max_hours}: {len(too_long)} shard(s) would not end in time, "
                            f"first {too_long[0]}")
             finished = True
