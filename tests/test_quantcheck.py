@@ -38,6 +38,7 @@ def test_binned_sign_agreement_bins_by_reference_margin():
     bins = binned_sign_agreement(G_REF, G_VAR)
     assert [(b["lo"], b["hi"], b["n"]) for b in bins] == [(0.0, 0.5, 1), (0.5, 2.0, 2), (2.0, None, 1)]
     assert [b["agreement"] for b in bins] == [0.0, 0.5, 1.0]
+    assert [b["n_agree"] for b in bins] == [0, 1, 1]
     empty = binned_sign_agreement([0.1], [0.1])
     assert empty[1] == {"lo": 0.5, "hi": 2.0, "n": 0}  # no value, not NaN
 

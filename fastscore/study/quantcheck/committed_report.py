@@ -28,6 +28,8 @@ def compare_group(items: Sequence, var, mask: np.ndarray, idx: np.ndarray) -> di
     g_ref = np.array([item.gain for item in items])[mask]
     n_tokens = np.array([item.n_tokens for item in items], dtype=float)[mask]
     g_var = var.gain[mask]
+    lp_before = np.array([item.lp_before for item in items])[mask]
+    lp_after = np.array([item.lp_after for item in items])[mask]
     same_sign = (np.sign(g_ref) == np.sign(g_var)).astype(float)
     argmax_ref = np.array([item.argmax_after for item in items])[mask]
     return {
@@ -36,6 +38,13 @@ def compare_group(items: Sequence, var, mask: np.ndarray, idx: np.ndarray) -> di
         # An item far from G = 0 keeps its sign under most perturbations: agreement is read against the margins held.
         "sign_agreement_by_margin": binned_sign_agreement(g_ref, g_var),
         "shift_gain_per_token": mean_shift(g_ref / n_tokens, g_var / n_tokens, idx),
+        # The gain's shift is the difference of these two: where a type moves G, before or after the record.
+        "shift_lp_before_per_token": mean_shift(lp_before / n_tokens, var.lp_before[mask] / n_tokens, idx),
+        "shift_lp_after_per_token": mean_shift(lp_after / n_tokens, var.lp_after[mask] / n_tokens, idx),
+        # Items where the record makes the failed action less likely (G > 0): a type can keep the mean's sign
+        # and still change this count.
+        "n_positive_committed": int(np.sum(g_ref > 0)),
+        "n_positive_variant": int(np.sum(g_var > 0)),
         "max_abs_gain_diff": float(np.max(np.abs(g_var - g_ref))),
         "mean_gain_committed": float(g_ref.mean()),
         "mean_gain_variant": float(g_var.mean()),
@@ -72,7 +81,10 @@ def summarize(items: Sequence, scores: dict, settings: dict[str, Any], config, l
                               f"{int(CI_LEVEL * 100)}% Wilson score interval",
             "shift": f"mean over items of (variant - committed) G / n_tokens under `after`, {int(CI_LEVEL * 100)}% "
                      f"percentile bootstrap CI ({config.n_boot} resamples of items)",
-            "margin_bins": "sign agreement within bins of |committed G| (nats): "
+            "shift_lp": "the same for lp(failed action | before) and lp(failed action | after): G's shift is "
+                        "their difference",
+            "n_positive": "items with G > 0 (the record makes the failed action less likely), committed → variant",
+            "margin_bins": "items whose sign agrees, of the items in each bin of |committed G| (nats): "
                            + ", ".join(f"[{lo:g}, {hi:g})" for lo, hi in zip(MARGIN_EDGES[:-1], MARGIN_EDGES[1:])),
             "argmax_agreement_after": "share of items whose most probable candidate under `after` is the committed "
                                       "one, Wilson score interval",
@@ -120,7 +132,7 @@ def _left_out(summary: dict[str, Any]) -> str:
 
 
 def _bins(bins: Sequence[dict[str, Any]]) -> str:
-    return ", ".join(f"{100 * b['agreement']:.0f}% of {b['n']}" if b["n"] else "none" for b in bins)
+    return ", ".join(f"{b['n_agree']}/{b['n']}" if b["n"] else "none" for b in bins)
 
 
 def render_markdown(summary: dict[str, Any]) -> str:
@@ -132,12 +144,15 @@ def render_markdown(summary: dict[str, Any]) -> str:
              f"Reference: {summary['reference']}. No reference is re-scored: each variant scores the committed "
              "items' `before` and `after` requests as the study rendered them, and is compared with the rows.", "",
              "| variant | source/env | n | sign agreement [95% CI] | Δ G/token (variant − committed) [95% CI] | "
-             "by abs(G committed) bin | max abs ΔG | mean G committed → variant | argmax agreement under after |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "Δ lp/token under before; under after | sign agrees by abs(G committed) bin | items with G > 0 | "
+             "max abs ΔG | mean G committed → variant | argmax agreement under after |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, entry in summary["variants"].items():
         for group, c in entry["groups"].items():
             lines.append(f"| {label} | {group} | {c['n']} | {_ci(c['sign_agreement'], 1, True)} | "
-                         f"{_ci(c['shift_gain_per_token'], 4)} | {_bins(c['sign_agreement_by_margin'])} | "
+                         f"{_ci(c['shift_gain_per_token'], 4)} | {c['shift_lp_before_per_token']['mean']:+.4f}; "
+                         f"{c['shift_lp_after_per_token']['mean']:+.4f} | {_bins(c['sign_agreement_by_margin'])} | "
+                         f"{c['n_positive_committed']} → {c['n_positive_variant']} | "
                          f"{c['max_abs_gain_diff']:.3g} | "
                          f"{c['mean_gain_committed']:+.3f} → {c['mean_gain_variant']:+.3f} | "
                          f"{_ci(c['argmax_agreement_after'], 1, True)} |")

@@ -44,7 +44,9 @@ def binned_sign_agreement(g_ref: Sequence[float], g_var: Sequence[float],
         n = int(inside.sum())
         entry: dict[str, Any] = {"lo": float(lo), "hi": None if math.isinf(hi) else float(hi), "n": n}
         if n:
-            entry["agreement"] = float(np.mean(np.sign(x[inside]) == np.sign(y[inside])))
+            agree = int(np.sum(np.sign(x[inside]) == np.sign(y[inside])))
+            entry["agreement"] = agree / n
+            entry["n_agree"] = agree
         out.append(entry)
     return out
 
