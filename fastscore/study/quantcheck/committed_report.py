@@ -25,11 +25,11 @@ REFERENCE_NOTE = ("the run's committed rows, scored by its exact backend ({backe
 
 def compare_group(items: Sequence, var, mask: np.ndarray, idx: np.ndarray) -> dict[str, Any]:
     """One variant against the committed rows on the items in `mask`."""
-    g_ref = np.array([item.gain for item in items])[mask]
-    n_tokens = np.array([item.n_tokens for item in items], dtype=float)[mask]
+    def committed(field: str) -> np.ndarray:
+        return np.array([getattr(item, field) for item in items], dtype=float)[mask]
+
+    g_ref, n_tokens, lp_before, lp_after = (committed(f) for f in ("gain", "n_tokens", "lp_before", "lp_after"))
     g_var = var.gain[mask]
-    lp_before = np.array([item.lp_before for item in items])[mask]
-    lp_after = np.array([item.lp_after for item in items])[mask]
     same_sign = (np.sign(g_ref) == np.sign(g_var)).astype(float)
     argmax_ref = np.array([item.argmax_after for item in items])[mask]
     return {

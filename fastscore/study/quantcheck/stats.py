@@ -91,7 +91,8 @@ def kl_rows(ref_logp: np.ndarray, var_logp: np.ndarray) -> np.ndarray:
 
 
 def mean_shift(per_token_ref: Sequence[float], per_token_var: Sequence[float], idx: np.ndarray) -> dict[str, Any]:
-    """Mean of (variant - reference) per-token G with a percentile-bootstrap CI over items."""
+    """Mean over items of (variant - reference) of a per-token quantity (G, or an lp) with a percentile-bootstrap
+    CI over items."""
     x, y = _pair(per_token_ref, per_token_var)
     return bootstrap_ci(y - x, idx).to_dict()
 
