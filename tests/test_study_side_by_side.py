@@ -75,3 +75,36 @@ def test_the_printed_table_sets_the_versions_side_by_side(tmp_path):
     text = render(result)
     print(text)
     assert "seeded: greedy decoding" in text and "2.00" in text and "rows agree" in text
+
+
+def test_a_folder_given_as_code_is_named_by_its_commit_and_whether_it_is_dirty(tmp_path):
+    import subprocess
+
+    from fastscore.bench.lab.study_side_by_side import tree_version
+
+    tree = tmp_path / "checkout"
+    (tree / "fastscore").mkdir(parents=True)
+    (tree / "fastscore" / "x.py").write_text("A = 1\n")
+    git = ["git", "-C", str(tree), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    assert tree_version(tree) == {"commit": head, "dirty": False}
+    (tree / "notes.txt").write_text("results beside the code do not make it dirty\n")
+    assert tree_version(tree)["dirty"] is False
+    (tree / "fastscore" / "x.py").write_text("A = 2\n")
+    assert tree_version(tree) == {"commit": head, "dirty": True}
+    assert tree_version(tmp_path / "code-907a12e3a61e") == {"commit": "907a12e3a61e", "dirty": False}
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert tree_version(plain) == {"commit": None, "dirty": None}
+
+    figures = [run_figures(write_run(tmp_path / "run", 10.0, 40.0), wall=72.0)]
+    result = {"date_utc": "now", "base": "907a12e", "new": ".", "study_args": [], "rounds": 1,
+              "code": {"base": {"commit": "907a12e3a61e", "dirty": False}, "new": tree_version(tree)},
+              "median": {"base": median_figures(figures), "new": median_figures(figures)},
+              "speedup_item_runs_per_hour": 1.0, "speedup_per_stage": {}, "load_average_at_start": [0.0],
+              "load_average_at_end": [0.0], "rows": [compare_runs(tmp_path / "run", tmp_path / "run")]}
+    header = render(result).splitlines()[0]
+    assert header.startswith(f"study side by side — now — base 907a12e (907a12e3a61e) vs new . ({head[:12]}, dirty)")

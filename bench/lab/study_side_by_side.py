@@ -49,6 +49,21 @@ def code_tree(ref: str, scratch: Path, repo: Path) -> Path:
     return tree
 
 
+def tree_version(tree: Path) -> dict[str, Any]:
+    """Which code a tree holds, so a result names it even when given as a folder such as `.`: its git commit and
+    whether its code folders differ from it (None for both outside a checkout; an unpacked commit is clean)."""
+    if tree.name.startswith("code-") and not (tree / ".git").exists():
+        return {"commit": tree.name.removeprefix("code-"), "dirty": False}
+
+    def git(*args: str) -> str | None:
+        done = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--", "fastscore", *PACKAGE_LINKS) if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
 def run_study(code: Path, study_args: Sequence[str], out: Path) -> float:
     """One `fastscore study` with `code` first on the import path; its wall seconds."""
     env = {**os.environ, "PYTHONPATH": str(code)}
@@ -129,7 +144,8 @@ def side_by_side(base: str, new: str, study_args: Sequence[str], rounds: int, sc
     stage_ratio = {s: ratio(medians["base"]["stages"][s]["seconds"], v["seconds"])
                    for s, v in medians["new"]["stages"].items() if s in medians["base"]["stages"]}
     return {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "base": base, "new": new, "trees": {k: str(v) for k, v in trees.items()}, "study_args": list(study_args),
+            "base": base, "new": new, "trees": {k: str(v) for k, v in trees.items()},
+            "code": {k: tree_version(v) for k, v in trees.items()}, "study_args": list(study_args),
             "rounds": rounds, "runs": runs, "median": medians,
             "speedup_item_runs_per_hour": ratio(medians["new"]["item_runs_per_hour"],
                                                 medians["base"]["item_runs_per_hour"]),
@@ -142,7 +158,12 @@ def render(result: dict[str, Any]) -> str:
     from fastscore.bench.table import _f, _grid
 
     base, new = result["median"]["base"], result["median"]["new"]
-    parts = [f"study side by side — {result['date_utc']} — base {result['base']} vs new {result['new']}; "
+    def named(side: str) -> str:
+        code = result.get("code", {}).get(side) or {}
+        commit = (code.get("commit") or "")[:12]
+        return f"{result[side]} ({commit}{', dirty' if code.get('dirty') else ''})" if commit else result[side]
+
+    parts = [f"study side by side — {result['date_utc']} — base {named('base')} vs new {named('new')}; "
              f"fastscore study {' '.join(result['study_args'])}; {result['rounds']} interleaved round(s), medians; "
              f"load average {result['load_average_at_start']} -> {result['load_average_at_end']}", ""]
     rows = [[stage, _f(base["stages"].get(stage, {}).get("seconds")), _f(v["seconds"]),
