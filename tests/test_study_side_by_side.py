@@ -80,7 +80,7 @@ def test_the_printed_table_sets_the_versions_side_by_side(tmp_path):
 def test_a_folder_given_as_code_is_named_by_its_commit_and_whether_it_is_dirty(tmp_path):
     import subprocess
 
-    from fastscore.bench.lab.study_side_by_side import tree_version
+    from fastscore.bench.lab.study_side_by_side import code_tree
 
     tree = tmp_path / "checkout"
     (tree / "fastscore").mkdir(parents=True)
@@ -90,19 +90,24 @@ def test_a_folder_given_as_code_is_named_by_its_commit_and_whether_it_is_dirty(t
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "c"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    assert tree_version(tree) == {"commit": head, "dirty": False}
+    scratch = tmp_path / "scratch"
+    assert code_tree(str(tree), scratch, tree) == (tree, {"commit": head, "dirty": False})
     (tree / "notes.txt").write_text("results beside the code do not make it dirty\n")
-    assert tree_version(tree)["dirty"] is False
+    assert code_tree(str(tree), scratch, tree)[1]["dirty"] is False
     (tree / "fastscore" / "x.py").write_text("A = 2\n")
-    assert tree_version(tree) == {"commit": head, "dirty": True}
-    assert tree_version(tmp_path / "code-907a12e3a61e") == {"commit": "907a12e3a61e", "dirty": False}
+    assert code_tree(str(tree), scratch, tree)[1] == {"commit": head, "dirty": True}
+    # a commit is unpacked, clean, into the scratch folder
+    unpacked, version = code_tree(head, scratch, tree)
+    assert unpacked == scratch / f"code-{head[:12]}" and version == {"commit": head[:12], "dirty": False}
+    assert (unpacked / "fastscore" / "x.py").read_text() == "A = 1\n"
     plain = tmp_path / "plain"
     plain.mkdir()
-    assert tree_version(plain) == {"commit": None, "dirty": None}
+    assert code_tree(str(plain), scratch, tree)[1] == {"commit": None, "dirty": None}
 
     figures = [run_figures(write_run(tmp_path / "run", 10.0, 40.0), wall=72.0)]
     result = {"date_utc": "now", "base": "907a12e", "new": ".", "study_args": [], "rounds": 1,
-              "code": {"base": {"commit": "907a12e3a61e", "dirty": False}, "new": tree_version(tree)},
+              "code": {"base": {"commit": "907a12e3a61e", "dirty": False},
+                       "new": code_tree(str(tree), scratch, tree)[1]},
               "median": {"base": median_figures(figures), "new": median_figures(figures)},
               "speedup_item_runs_per_hour": 1.0, "speedup_per_stage": {}, "load_average_at_start": [0.0],
               "load_average_at_end": [0.0], "rows": [compare_runs(tmp_path / "run", tmp_path / "run")]}

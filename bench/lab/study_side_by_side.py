@@ -31,10 +31,13 @@ PACKAGE_LINKS = ("bench", "conversion", "models")  # fastscore/<name> -> ../<nam
 SOURCES = ("seeded", "model")
 
 
-def code_tree(ref: str, scratch: Path, repo: Path) -> Path:
-    """A folder holding fastscore's code of `ref`: the folder itself if it is one, else the commit unpacked."""
+def code_tree(ref: str, scratch: Path, repo: Path) -> tuple[Path, dict[str, Any]]:
+    """A folder holding fastscore's code of `ref` (the folder itself if it is one, else the commit unpacked) and the
+    version it holds: its commit and dirty flag, so a result names the code even when `ref` is a folder such as `.`."""
     if Path(ref).is_dir():
-        return Path(ref).resolve()
+        from fastscore.study.shards.manifest import git_version
+
+        return Path(ref).resolve(), git_version(Path(ref).resolve())
     sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", ref], check=True, capture_output=True,
                          text=True).stdout.strip()
     tree = scratch / f"code-{sha}"
@@ -46,22 +49,7 @@ def code_tree(ref: str, scratch: Path, repo: Path) -> Path:
             link = tree / "fastscore" / name
             if not link.exists():
                 link.symlink_to(Path("..") / name)
-    return tree
-
-
-def tree_version(tree: Path) -> dict[str, Any]:
-    """Which code a tree holds, so a result names it even when given as a folder such as `.`: its git commit and
-    whether its code folders differ from it (None for both outside a checkout; an unpacked commit is clean)."""
-    if tree.name.startswith("code-") and not (tree / ".git").exists():
-        return {"commit": tree.name.removeprefix("code-"), "dirty": False}
-
-    def git(*args: str) -> str | None:
-        done = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--", "fastscore", *PACKAGE_LINKS) if commit else None
-    return {"commit": commit, "dirty": None if status is None else bool(status)}
+    return tree, {"commit": sha, "dirty": False}
 
 
 def run_study(code: Path, study_args: Sequence[str], out: Path) -> float:
@@ -127,7 +115,8 @@ def median_figures(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def side_by_side(base: str, new: str, study_args: Sequence[str], rounds: int, scratch: Path, repo: Path,
                  keep: bool = False) -> dict[str, Any]:
-    trees = {"base": code_tree(base, scratch, repo), "new": code_tree(new, scratch, repo)}
+    (base_tree, base_code), (new_tree, new_code) = code_tree(base, scratch, repo), code_tree(new, scratch, repo)
+    trees, code = {"base": base_tree, "new": new_tree}, {"base": base_code, "new": new_code}
     runs: dict[str, list[dict[str, Any]]] = {"base": [], "new": []}
     comparisons = []
     load_at_start = [round(x, 2) for x in os.getloadavg()]
@@ -145,7 +134,7 @@ def side_by_side(base: str, new: str, study_args: Sequence[str], rounds: int, sc
                    for s, v in medians["new"]["stages"].items() if s in medians["base"]["stages"]}
     return {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "base": base, "new": new, "trees": {k: str(v) for k, v in trees.items()},
-            "code": {k: tree_version(v) for k, v in trees.items()}, "study_args": list(study_args),
+            "code": code, "study_args": list(study_args),
             "rounds": rounds, "runs": runs, "median": medians,
             "speedup_item_runs_per_hour": ratio(medians["new"]["item_runs_per_hour"],
                                                 medians["base"]["item_runs_per_hour"]),

@@ -46,21 +46,26 @@ def sha256_tree(folder: Path, suffixes: tuple[str, ...] | None = None) -> str:
     return digest.hexdigest()
 
 
-def _git(*args: str) -> str | None:
+def _git(folder: Path, *args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(PACKAGE_DIR), *args], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def git_version(folder: Path) -> dict[str, Any]:
+    """The git commit of the checkout holding `folder` and whether its code differs from it (None for both outside a
+    checkout)."""
+    commit = _git(folder, "rev-parse", "HEAD")
+    # Only the code's folders: a run's own uncommitted result files do not make its code dirty.
+    status = _git(folder, "status", "--porcelain", "--", *(f":(top){name}" for name in CODE_FOLDERS))
+    return {"commit": commit, "dirty": None if status is None else bool(status)}
+
+
 def code_record() -> dict[str, Any]:
     """The running code: its git commit and dirty flag (None outside a checkout) and a hash of its sources."""
-    commit = _git("rev-parse", "HEAD")
-    # Only the code's folders: a run's own uncommitted result files do not make its code dirty.
-    status = _git("status", "--porcelain", "--", *(f":(top){name}" for name in CODE_FOLDERS))
-    return {"commit": commit, "dirty": None if status is None else bool(status),
-            "source_sha256": sha256_tree(PACKAGE_DIR, (".py", ".json", ".jinja", ".txt"))}
+    return {**git_version(PACKAGE_DIR), "source_sha256": sha256_tree(PACKAGE_DIR, (".py", ".json", ".jinja", ".txt"))}
 
 
 def model_record(model: str, backend: str, quant: str) -> dict[str, Any]:
