@@ -50,8 +50,8 @@ def measure(env_name: str, n_items: int, data: Path, threads: int | None, design
             scorer.greedy, saved = counting, decode.SAMPLED_CONDITIONS
             decode.SAMPLED_CONDITIONS = conditions
             try:
-                decode._sampled_repeats(items, contexts, lp, scorer, env, env.max_new_tokens,
-                                        decode.DecodePlan(True, k, 0), {})
+                decode._sample(items, contexts, lp, scorer, env, env.max_new_tokens,
+                               decode.DecodePlan(True, k, 0), {})
             finally:
                 decode.SAMPLED_CONDITIONS, scorer.greedy = saved, greedy
             out[label] = counted

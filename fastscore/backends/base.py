@@ -77,6 +77,8 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     context_option: ClassVar[str | None] = None  # the option that sets n_ctx, named in "context too long" errors
+    # Whether set_threads() changes the CPU threads of an open backend (its results do not depend on them).
+    threads_adjustable: ClassVar[bool] = False
 
     n_ctx: int
     n_ctx_train: int | None = None  # the context the model was trained on, where the weights say it
@@ -126,6 +128,10 @@ class Backend(abc.ABC):
 
     def _decoder(self, max_new_tokens: int) -> Decoder:
         raise UnsupportedError(f"backend {self.name!r} does not support greedy decoding")
+
+    def set_threads(self, n_threads: int) -> None:
+        """CPU threads of the calls from now on (only where `threads_adjustable`)."""
+        raise UnsupportedError(f"backend {self.name!r} cannot change its threads once open")
 
     def count_forward(self, n_tokens: int) -> None:
         """One forward pass over n_tokens tokens: the engine's own share of the stats."""

@@ -72,6 +72,9 @@ def context_size(asked: int | None, trained: int) -> int:
 class LlamaCppBackend(KVCacheBackend):
     name = "llamacpp"
     context_option = "--n-ctx"
+    # Results do not depend on the thread count: ggml splits a product's output among threads, not a dot product
+    # (scores and greedy tokens equal at 1 and 2 threads: tests/test_lanes.py).
+    threads_adjustable = True
 
     def __init__(self, path: Path, n_threads: int | None = None, options: LlamaCppOptions | None = None,
                  progress: bool = False) -> None:
@@ -109,6 +112,13 @@ class LlamaCppBackend(KVCacheBackend):
         log.info("llama.cpp: %s, n_ctx=%d (trained %d), n_vocab=%d, %d threads, flash_attn=%s (decoding %s), kv=%s",
                  self.describe(), self.n_ctx, self.n_ctx_train, self.n_vocab, self.settings.n_threads,
                  options.flash_attn, options.decode_flash_attn, options.kv_type)
+
+    def set_threads(self, n_threads: int) -> None:
+        self._require_open()
+        self.n_threads = n_threads
+        self.settings = dataclasses.replace(self.settings, n_threads=n_threads)
+        self.decode_settings = dataclasses.replace(self.decode_settings, n_threads=n_threads)
+        self._L.llama_set_n_threads(self._ctx, n_threads, n_threads)  # decoding contexts are made per call
 
     def llama_library(self, module):
         """What every llama.cpp call of this backend goes through: the llama_cpp module. A subclass may return a

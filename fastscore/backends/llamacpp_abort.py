@@ -6,6 +6,9 @@ llama.cpp polls an abort callback from its compute loop (between graph nodes, on
 decode runs, SIGINT only sets a flag, the callback (a few Python bytecodes, where the pending handler gets its turn)
 tells llama.cpp to stop, and KeyboardInterrupt is raised once llama_decode has returned. Work already stored
 (output lines, study append logs) stays, so the run can be resumed.
+
+A decode in another thread (a study lane, fastscore.study.stages.lanes) gets no signal: the main thread, interrupted,
+stops it with `abort_workers()`, and its llama_decode returns "aborted".
 """
 
 from __future__ import annotations
@@ -18,6 +21,19 @@ from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
+# Set while the main thread stops the llama.cpp calls of its worker threads (abort_workers).
+_workers_stop = threading.Event()
+
+
+@contextlib.contextmanager
+def abort_workers() -> Iterator[None]:
+    """Inside: every llama_decode running or starting outside the main thread is aborted."""
+    _workers_stop.set()
+    try:
+        yield
+    finally:
+        _workers_stop.clear()
+
 
 class AbortOnInterrupt:
     def __init__(self, L, ctx) -> None:
@@ -25,6 +41,7 @@ class AbortOnInterrupt:
         self.requested = False
         # Kept on the instance: llama.cpp holds only the raw function pointer.
         self._callback = L.ggml_abort_callback(self._should_abort)
+        self._worker_callback = L.ggml_abort_callback(lambda _data: _workers_stop.is_set())
 
     def _should_abort(self, _data) -> bool:
         return self.requested
@@ -37,10 +54,21 @@ class AbortOnInterrupt:
         """Around one llama_decode: SIGINT aborts the call, then raises KeyboardInterrupt.
 
         Only with Python's default SIGINT handler in the main thread; otherwise nothing is installed, because a
-        handler raising inside the callback would be swallowed by ctypes.
+        handler raising inside the callback would be swallowed by ctypes. Outside the main thread the call is
+        aborted (and KeyboardInterrupt raised) while abort_workers() is in effect.
         """
-        ours = threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        if threading.current_thread() is not threading.main_thread():
+            if _workers_stop.is_set():
+                raise KeyboardInterrupt
+            self.L.llama_set_abort_callback(self.ctx, self._worker_callback, None)
+            try:
+                yield
+            finally:
+                self.L.llama_set_abort_callback(self.ctx, self.L.ggml_abort_callback(0), None)
+            if _workers_stop.is_set():
+                raise KeyboardInterrupt
+            return
+        ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler
         if not ours:
             yield
             return

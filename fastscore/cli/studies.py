@@ -36,7 +36,8 @@ from fastscore.study.runner import RETRIES
 @click.option("--data", "data", default=None, type=click.Path(path_type=Path), help=DATA_HELP,
               callback=lambda ctx, param, value: value or default_data_dir())
 @click.option("--resume", is_flag=True, help="Continue an interrupted run in --out (same options required).")
-@click.option("--threads", default=None, type=click.IntRange(min=1), help="CPU threads (default: the backend's).")
+@click.option("--threads", default=None, type=click.IntRange(min=1),
+              help="CPU threads, shared by the --lanes (default: the machine's cores).")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
               help="Greedy token cap for every environment (default: per environment; each item decodes at most "
                    "twice its longest candidate).")
@@ -49,9 +50,12 @@ from fastscore.study.runner import RETRIES
 @click.option("--sensitivity", is_flag=True,
               help="Also score the harness-realism checks (error record as tool vs user message; the template's "
                    "native tool format) and report them as changes on the headline. Scoring only.")
+@click.option("--lanes", default=None, type=click.IntRange(min=1),
+              help="Copies of the model that score and decode chunks of items side by side, sharing --threads "
+                   "(default: 2 with 2 threads or more). The results do not depend on it.")
 @friendly
 def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_end_of_turn, out, data, resume, threads,
-          max_new_tokens, n_boot, hf_path, sandbox, sensitivity) -> None:
+          max_new_tokens, n_boot, hf_path, sandbox, sensitivity, lanes) -> None:
     """Run the corrective-gain study end to end and write its results, report and plots into --out."""
     from fastscore.deps import check_extras, extras_for_backend
     from fastscore.registry import default_model
@@ -68,6 +72,7 @@ def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_e
         limit=DEFAULT_LIMIT if limit == "default" else limit, seed=seed, failures=failures, retries=retries,
         include_end_of_turn=not exclude_end_of_turn, out_dir=out, data_dir=data, resume=resume, n_boot=n_boot,
         max_new_tokens=max_new_tokens, hf_path=hf_path, threads=threads, sandbox=sandbox, sensitivity=sensitivity,
+        lanes=lanes,
     )  # fmt: skip
     outcome = run_study(config, progress=True)
     for line in headline(outcome, config.failures):

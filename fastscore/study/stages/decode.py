@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from fastscore.study.data.conditions import (
 )
 from fastscore.study.data.envs.base import StudyEnv
 from fastscore.study.stages.isolate import call_isolating, chunks
+from fastscore.study.stages.lanes import as_lanes
 from fastscore.study.data.items import Item
 from fastscore.study.stages.onpolicy import own_attempt
 from fastscore.study.stages.rows import reproduces, score_rows
@@ -79,9 +80,11 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
                  after_item: Callable[[str, str], None] | None = None) -> None:
     """Complete every condition and append each item's ScoreRows to scores.jsonl.
 
-    Decoder calls hold fixed chunks of each environment's scored items (as in score_stage): one call per chunk, each
-    request with its item's own token budget (greedy_budget). An on-policy item's `before` completion is the model's
-    own attempt it was built from (see own_attempt), not decoded again.
+    Decoder calls hold fixed chunks of each environment's scored items (as in score_stage): per chunk one greedy call
+    and, for on-policy items, one sampled call, each request with its item's own token budget (greedy_budget). An
+    on-policy item's `before` completion is the model's own attempt it was built from (see own_attempt), not decoded
+    again. `scorer`: a Scorer, or Lanes that run several calls side by side, longest first; the completions are
+    judged and stored in chunk order, in this thread, so the rows are those of one lane.
     """
     lp = store.logprobs().load()
     err_log = store.item_errors()
@@ -90,20 +93,93 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
     done = set(scores_log.load()) | set(errors)
     failed_here = errored_at(errors, "greedy")
     scored = [item for item in items if item.item_id in lp]
+    lanes = as_lanes(scorer)
+    chunk_plans = []
+    for env in envs:
+        for chunk in chunks([item for item in scored if item.env == env], ITEMS_PER_GREEDY_CALL):
+            if all(item.item_id in done for item in chunk):
+                continue
+            # A resumed chunk decodes only what is not stored yet.
+            members = [item for item in chunk if item.item_id not in failed_here and item.item_id not in done]
+            chunk_plans.append(_plan_chunk(members, lp, lanes.first.tokenizer, envs[env], new_tokens(env), plan))
+    calls = [call for chunk_plan in chunk_plans for call in chunk_plan.calls()]
+    finished = lanes.ordered(calls, lambda call, lane: call.run(lane), cost=lambda call: call.cost)
     with tqdm(total=len(scored), initial=sum(item.item_id in done for item in scored), desc="greedy decoding",
               unit="item", disable=not progress) as bar:
-        for env in envs:
-            for chunk in chunks([item for item in scored if item.env == env], ITEMS_PER_GREEDY_CALL):
-                if all(item.item_id in done for item in chunk):
-                    continue
-                # A resumed chunk decodes only what is not stored yet.
-                members = [item for item in chunk if item.item_id not in failed_here and item.item_id not in done]
-                _complete_chunk(members, lp, scorer, envs[env], new_tokens(env), plan, done, err_log, scores_log,
-                                bar, after_item)
+        for chunk_plan in chunk_plans:
+            for _call in chunk_plan.calls():
+                call, (ok, failed) = next(finished)
+                chunk_plan.take(call, ok, failed)
+            env, completions, failed = chunk_plan.env, chunk_plan.completions, chunk_plan.failed
+            samples = _judge_samples(chunk_plan, lp)
+
+            def stored(item: Item) -> None:
+                i = item.item_id
+                greedy = {c: completions[i][rep] for c, rep in chunk_plan.stands_for[i].items()}
+                made = {c: rep in chunk_plan.decoded[i] or rep == REFERENCE and chunk_plan.attempts[i] is not None
+                        for c, rep in chunk_plan.stands_for[i].items()}
+                rows = score_rows(item, lp[i][0], greedy, env, made, samples.get(i))
+                scores_log.append([row.to_dict() for row in rows])
+
+            store_results("greedy", chunk_plan.members, done, failed, err_log, stored, bar, after_item)
 
 
-def _complete_chunk(members, lp, scorer, env: StudyEnv, cap: int, plan: DecodePlan, done, err_log, scores_log, bar,
-                    after_item) -> None:
+@dataclass(frozen=True)
+class DecoderCall:
+    """One Scorer.greedy call of a chunk: its requests per item, and how it is sampled (None: greedy)."""
+    requests: dict[str, list[GreedyRequest]]
+    cap: int
+    sampled_seed: int | None = None
+
+    @property
+    def cost(self) -> int:
+        """Tokens it may decode at most: which call a free lane takes first (longest first)."""
+        return sum(r.max_new_tokens or self.cap for reqs in self.requests.values() for r in reqs)
+
+    def run(self, scorer) -> tuple[dict[str, list[GreedyResult]], dict[str, Exception]]:
+        if self.sampled_seed is None:
+            decode = lambda reqs: scorer.greedy(reqs, max_new_tokens=self.cap)  # noqa: E731
+        else:
+            def decode(reqs: list[GreedyRequest]) -> list[GreedyResult]:
+                rngs = [retry_rng(self.sampled_seed, r.id) for r in reqs]
+                return scorer.greedy(reqs, max_new_tokens=self.cap, temperature=RETRY_TEMPERATURE, rngs=rngs)
+        return call_isolating(decode, self.requests, lambda r: r.id)
+
+
+@dataclass
+class ChunkPlan:
+    """One chunk's completions: those known before decoding (the argmax chain, the model's own attempt), the
+    decoder calls for the rest, and, as the calls finish, their results."""
+    env: StudyEnv
+    members: list[Item]
+    stands_for: dict[str, dict[str, str]]  # item -> condition -> the condition whose context it shares
+    completions: dict[str, dict[str, GreedyResult]]  # item -> condition -> greedy completion
+    decoded: dict[str, set[str]]  # item -> conditions decoded (not read off the argmax chain or the attempt)
+    attempts: dict[str, GreedyResult | None]
+    greedy_call: DecoderCall | None
+    sampled_call: DecoderCall | None
+    retries: int
+    failed: dict[str, Exception] = field(default_factory=dict)
+    # on-policy item -> condition -> its k sampled completions
+    sampled: dict[str, dict[str, list[GreedyResult]]] = field(default_factory=dict)
+
+    def calls(self) -> list[DecoderCall]:
+        return [call for call in (self.greedy_call, self.sampled_call) if call is not None]
+
+    def take(self, call: DecoderCall, ok: dict[str, list[GreedyResult]], failed: dict[str, Exception]) -> None:
+        """A finished call's results. An item that failed in the greedy call is not judged on its samples."""
+        for i, error in failed.items():
+            self.failed.setdefault(i, error)
+        if call is self.greedy_call:
+            for i, got in ok.items():
+                self.completions[i].update(by_condition(got))
+            return
+        k = self.retries  # each item's results come in its requests' order: condition by condition, k each
+        self.sampled.update({i: {cond: got[n * k : (n + 1) * k] for n, cond in enumerate(SAMPLED_CONDITIONS)}
+                             for i, got in ok.items()})
+
+
+def _plan_chunk(members: list[Item], lp, tokenizer, env: StudyEnv, cap: int, plan: DecodePlan) -> ChunkPlan:
     contexts = {item.item_id: render_conditions(item, env) for item in members}
     stands_for = {i: distinct(c, lambda x: (x.messages, x.banned)) for i, c in contexts.items()}
     budgets = {i: greedy_budget(cap, lp[i][0]) for i in contexts}
@@ -120,7 +196,7 @@ def _complete_chunk(members, lp, scorer, env: StudyEnv, cap: int, plan: DecodePl
                 continue
             chain = None
             if plan.argmax_chain and not c.banned:
-                chain = chain_completion(c.request_id, lp[i][0]["conditions"][c.condition], scorer.tokenizer)
+                chain = chain_completion(c.request_id, lp[i][0]["conditions"][c.condition], tokenizer)
             if chain is not None:
                 results[i][c.condition] = chain
             else:
@@ -128,69 +204,51 @@ def _complete_chunk(members, lp, scorer, env: StudyEnv, cap: int, plan: DecodePl
     decoded = {i: {r.id.rsplit("::", 1)[1] for r in reqs} for i, reqs in to_decode.items()}
     # One call for the whole chunk: each request stops at its own budget, so items of different budgets share the
     # decoder's batches instead of each budget rebuilding the decoder for a few contexts.
-    decode = lambda reqs: scorer.greedy(reqs, max_new_tokens=cap)  # noqa: E731
-    ok, failed = call_isolating(decode, {i: reqs for i, reqs in to_decode.items() if reqs}, lambda r: r.id)
-    for i, got in ok.items():
-        results[i].update(by_condition(got))
-    samples = _sampled_repeats(members, contexts, lp, scorer, env, cap, plan, failed) if plan.retries else {}
-
-    def stored(item: Item) -> None:
-        i = item.item_id
-        greedy = {c: results[i][rep] for c, rep in stands_for[i].items()}
-        made = {c: rep in decoded[i] or rep == REFERENCE and attempts[i] is not None
-                for c, rep in stands_for[i].items()}
-        rows = score_rows(item, lp[i][0], greedy, env, made, samples.get(i))
-        scores_log.append([row.to_dict() for row in rows])
-
-    store_results("greedy", members, done, failed, err_log, stored, bar, after_item)
+    greedy = {i: reqs for i, reqs in to_decode.items() if reqs}
+    sampled = _sample_requests(members, contexts, budgets, env, plan) if plan.retries else {}
+    return ChunkPlan(env, members, stands_for, results, decoded, attempts,
+                     DecoderCall(greedy, cap) if greedy else None,
+                     DecoderCall(sampled, cap, sampled_seed=plan.seed) if sampled else None, plan.retries)
 
 
 def sample_request_id(item_id: str, condition: str, k: int) -> str:
     return f"{item_id}::{condition}#{k}"
 
 
-def _sampled_repeats(members: Sequence[Item], contexts: Mapping[str, Sequence[ConditionContext]], lp, scorer,
-                     env: StudyEnv, cap: int, plan: DecodePlan, failed: dict[str, Exception]
-                     ) -> dict[str, dict[str, tuple[int, int, int]]]:
-    """k sampled completions under each SAMPLED_CONDITIONS context of each on-policy item:
-    {item: {condition: (k, repeats token for token, repeats in meaning)}}."""
-    targets = [item for item in members if own_attempt(item) is not None and item.item_id not in failed]
-    if not targets:
-        return {}
+def _sample_requests(members: Sequence[Item], contexts: Mapping[str, Sequence[ConditionContext]],
+                     budgets: Mapping[str, int], env: StudyEnv, plan: DecodePlan) -> dict[str, list[GreedyRequest]]:
+    """k sampled completions under each SAMPLED_CONDITIONS context of each on-policy item (temperature 1.0, each
+    from its own generator, retry_rng)."""
     # A sample is decoded as a greedy completion is (the item's budget, the environment's action_done rule), not
     # stopped once its text leaves the failed action's: the semantic judge needs the whole action, since a sample
     # that spells the same call or program differently (other quoting, spacing, argument order, a preamble) repeats
     # it in meaning. The same budget and stop rule also make the sampled rates the same measurement as the greedy
     # ones. The clean retry's context is before's messages (the failed attempt and its error deleted).
     action_done = env.action_done()
-    requests, condition_of = {}, {}
-    for item in targets:
-        i, budget = item.item_id, greedy_budget(cap, lp[item.item_id][0])
+    requests = {}
+    for item in members:
+        if own_attempt(item) is None:
+            continue
+        i = item.item_id
         messages = {c.condition: c.messages for c in contexts[i]}
-        requests[i] = []
-        for cond in SAMPLED_CONDITIONS:
-            for k in range(plan.retries):
-                condition_of[sample_request_id(i, cond, k)] = cond
-                requests[i].append(GreedyRequest(sample_request_id(i, cond, k), messages[cond],
-                                                 max_new_tokens=budget, action_done=action_done))
+        requests[i] = [GreedyRequest(sample_request_id(i, cond, k), messages[cond], max_new_tokens=budgets[i],
+                                     action_done=action_done)
+                       for cond in SAMPLED_CONDITIONS for k in range(plan.retries)]
+    return requests
 
-    def sample(reqs: list[GreedyRequest]) -> list[GreedyResult]:
-        rngs = [retry_rng(plan.seed, r.id) for r in reqs]
-        return scorer.greedy(reqs, max_new_tokens=cap, temperature=RETRY_TEMPERATURE, rngs=rngs)
 
-    ok, bad = call_isolating(sample, requests, lambda r: r.id)
-    failed.update(bad)
-    by_id = {item.item_id: item for item in targets}
+def _judge_samples(chunk: ChunkPlan, lp) -> dict[str, dict[str, tuple[int, int, int]]]:
+    """{item: {condition: (k, repeats token for token, repeats in meaning)}} of the chunk's sampled completions."""
+    by_id = {item.item_id: item for item in chunk.members}
     out: dict[str, dict[str, tuple[int, int, int]]] = {}
-    for i, got in ok.items():
-        by_condition_sampled: dict[str, list[GreedyResult]] = {cond: [] for cond in SAMPLED_CONDITIONS}
-        for result in got:
-            by_condition_sampled[condition_of[result.id]].append(result)
+    for i, by_condition_sampled in chunk.sampled.items():
+        if i in chunk.failed:
+            continue
         out[i] = {}
         for cond, mine in by_condition_sampled.items():
             # The failed action as scored under this condition (the same emitted ids under every one).
             rec = lp[i][0]["conditions"][cond]
             repeats = sum(reproduces(r, rec["cand_token_ids"][0], rec.get("end_of_turn", True)) for r in mine)
-            semantic = sum(env.repeats_failure(by_id[i], r.text) for r in mine)
+            semantic = sum(chunk.env.repeats_failure(by_id[i], r.text) for r in mine)
             out[i][cond] = (len(mine), int(repeats), int(semantic))
     return out

@@ -1,0 +1,105 @@
+"""Lanes: chunks of items computed side by side, each on its own copy of the model, stored in chunk order.
+
+On a 2-core machine one llama.cpp context on 2 threads leaves cores idle in every small step (a decoding step of a few
+rows, the barriers between graph nodes, the Python between calls); two single-threaded contexts, each working through
+its own chunk, keep both cores busy (docs/performance.md, "Lanes"). A chunk's result does not depend on its lane: each
+chunk is one call on one model, as without lanes, and llama.cpp's f32 results do not depend on its thread count. The
+main thread stores the results in chunk order, so the stored rows and a resumed run are those of one lane.
+
+The calling thread runs the chunks itself when there is one lane: nothing changes for a single model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+from fastscore.backends.llamacpp_abort import abort_workers
+
+Job = TypeVar("Job")
+Result = TypeVar("Result")
+
+
+class Lanes(Generic[Job, Result]):
+    """Scorers of one model that compute jobs side by side. `first` is the one the stages that run one call at a
+    time use (building on-policy items)."""
+
+    def __init__(self, scorers: Sequence) -> None:
+        if not scorers:
+            raise ValueError("lanes need at least one scorer")
+        self.scorers = tuple(scorers)
+
+    @property
+    def first(self):
+        return self.scorers[0]
+
+    def __len__(self) -> int:
+        return len(self.scorers)
+
+    @contextlib.contextmanager
+    def solo(self) -> Iterator:
+        """The first scorer on every lane's threads, for a stage that makes one call at a time (building on-policy
+        items); the other lanes idle meanwhile. A backend that cannot change its threads keeps its own."""
+        backend = self.first.backend
+        threads = [scorer.backend.n_threads for scorer in self.scorers]
+        if len(threads) == 1 or not backend.threads_adjustable or None in threads:
+            yield self.first
+            return
+        backend.set_threads(sum(threads))
+        try:
+            yield self.first
+        finally:
+            backend.set_threads(threads[0])
+
+    def computed_tokens(self) -> int:
+        return sum(scorer.backend.stats.computed_tokens for scorer in self.scorers)
+
+    def ordered(self, jobs: Iterable[Job], compute: Callable[[Job, object], Result],
+                cost: Callable[[Job], float] | None = None) -> Iterator[tuple[Job, Result]]:
+        """(job, compute(job, scorer)) for every job, in the jobs' order. With several lanes and jobs, each job runs
+        on the first free scorer, the costliest first (so the last to start are the short ones) while the caller
+        handles the results before it; a single job runs alone on every lane's threads (solo)."""
+        jobs = list(jobs)
+        if len(self.scorers) == 1 or len(jobs) <= 1:
+            with self.solo() as scorer:
+                for job in jobs:
+                    yield job, compute(job, scorer)
+            return
+        free: queue.SimpleQueue = queue.SimpleQueue()
+        for scorer in self.scorers:
+            free.put(scorer)
+
+        def run(job: Job) -> Result:
+            scorer = free.get()
+            try:
+                return compute(job, scorer)
+            finally:
+                free.put(scorer)
+
+        starts = sorted(range(len(jobs)), key=lambda n: -cost(jobs[n])) if cost is not None else range(len(jobs))
+        with ThreadPoolExecutor(max_workers=len(self.scorers), thread_name_prefix="lane") as pool, \
+                _stop_workers_on_exit(pool):
+            futures: dict[int, Future] = {n: pool.submit(run, jobs[n]) for n in starts}
+            for n, job in enumerate(jobs):
+                yield job, futures[n].result()
+
+
+def as_lanes(scorer) -> Lanes:
+    """A stage's model: Lanes as given, or one scorer as a single lane."""
+    return scorer if isinstance(scorer, Lanes) else Lanes((scorer,))
+
+
+@contextlib.contextmanager
+def _stop_workers_on_exit(pool: ThreadPoolExecutor) -> Iterator[None]:
+    """An error or Ctrl-C in the caller (or a caller that stops iterating) drops the jobs not started and stops the
+    llama.cpp calls running in the lanes, instead of waiting for them to finish."""
+    try:
+        yield
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        with abort_workers():
+            pool.shutdown(wait=True)
+        raise
