@@ -2,7 +2,8 @@
 tokens computed per stage for each, their ratios, and whether the two versions' rows agree.
 
 Each version is a code tree (a folder, or a commit of this repository unpacked into the scratch folder with
-`git archive`) imported through PYTHONPATH by the same interpreter, so both run on the same venv, machine and load.
+`git archive`) imported through PYTHONPATH by the same interpreter (with `-P`, so the working directory's checkout
+does not come first; each run checks the package it imports), so both run on the same venv, machine and load.
 Rounds alternate the order (A B, B A, ...) so a load that drifts during the run falls on both. Seconds depend on the
 load; tokens computed per stage do not, and on a loaded machine the ratios of interleaved runs are the figures to
 read. The rows (scores.jsonl, logprobs.jsonl, items.jsonl, skipped.jsonl of each failure source) of every new run are
@@ -52,10 +53,27 @@ def code_tree(ref: str, scratch: Path, repo: Path) -> tuple[Path, dict[str, Any]
     return tree, {"commit": sha, "dirty": False}
 
 
+def _child(code: Path) -> tuple[list[str], dict[str, str]]:
+    """The interpreter command and environment that import fastscore from `code`. `-P`: without it `python -c` puts
+    the working directory first on sys.path, so run from a checkout every version imported that checkout's code."""
+    return [sys.executable, "-P"], {**os.environ, "PYTHONPATH": str(code)}
+
+
+def imported_from(code: Path) -> Path:
+    """The package folder a child run on `code` imports."""
+    prefix, env = _child(code)
+    found = subprocess.run([*prefix, "-c", "import fastscore; print(fastscore.__file__)"], env=env, check=True,
+                           capture_output=True, text=True).stdout.strip()
+    return Path(found).resolve().parent
+
+
 def run_study(code: Path, study_args: Sequence[str], out: Path) -> float:
-    """One `fastscore study` with `code` first on the import path; its wall seconds."""
-    env = {**os.environ, "PYTHONPATH": str(code)}
-    command = [sys.executable, "-c", "from fastscore.cli import main; main()", "study", *study_args, "--out", str(out)]
+    """One `fastscore study` with `code` first on the import path; its wall seconds. Refuses to time a run that
+    would import another tree's code."""
+    if imported_from(code) != (code / "fastscore").resolve():
+        raise RuntimeError(f"a run on {code} would import fastscore from {imported_from(code)}")
+    prefix, env = _child(code)
+    command = [*prefix, "-c", "from fastscore.cli import main; main()", "study", *study_args, "--out", str(out)]
     start = time.perf_counter()
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - start

@@ -51,8 +51,8 @@ from fastscore.study.runner import RETRIES
               help="Also score the harness-realism checks (error record as tool vs user message; the template's "
                    "native tool format) and report them as changes on the headline. Scoring only.")
 @click.option("--lanes", default=None, type=click.IntRange(min=1),
-              help="Copies of the model that score and decode chunks of items side by side, sharing --threads "
-                   "(default: 2 with 2 threads or more). The results do not depend on it.")
+              help="Copies of the model that decode side by side, sharing --threads (default: 2 on llama.cpp with "
+                   "2 threads or more, else 1). On llama.cpp the results do not depend on it.")
 @friendly
 def study(model, backend, quant, envs, limit, seed, failures, retries, exclude_end_of_turn, out, data, resume, threads,
           max_new_tokens, n_boot, hf_path, sandbox, sensitivity, lanes) -> None:

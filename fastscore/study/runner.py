@@ -78,9 +78,9 @@ class StudyConfig:
     max_new_tokens: int | None = None
     hf_path: Path | None = None
     threads: int | None = None  # CPU threads of the whole run, shared by its lanes; None: the machine's cores
-    # Copies of the model that score and decode chunks of items side by side, each on threads / lanes threads
-    # (fastscore.study.stages.lanes). None: 2 where there are 2 threads or more. The results do not depend on it, so
-    # a resumed run may use another count.
+    # Copies of the model that run the greedy stage's decoder calls side by side, each on threads / lanes threads
+    # (fastscore.study.stages.lanes). None: 2 where there are 2 threads or more and the backend's results do not
+    # depend on its threads (llama.cpp), else 1. The results do not depend on it, so a resumed run may use another.
     lanes: int | None = None
     sandbox: str = "bwrap"  # MBPP programs: "bwrap" (isolated) or "rlimits" (not isolated; the report says so)
     # Only the seeded items [start, stop) of each environment's order (under model failures: those of them the model
@@ -186,9 +186,15 @@ DEFAULT_LANES = 2  # on 2 cores, 2 lanes of 1 thread decode 1.14x faster than 1 
 
 def lane_plan(config: StudyConfig) -> tuple[int, int | None]:
     """(lanes, threads of each): --threads shared out among --lanes. One lane keeps --threads as given (None: the
-    backend's default)."""
+    backend's default). Without --lanes, several lanes only on a backend whose results do not depend on its threads
+    (llama.cpp): the rows must not depend on the machine's core count."""
+    from fastscore.backends import backend_class
+
     total = config.threads if config.threads is not None else os.cpu_count() or 1
-    lanes = config.lanes if config.lanes is not None else min(DEFAULT_LANES, total)
+    if config.lanes is not None:
+        lanes = config.lanes
+    else:
+        lanes = min(DEFAULT_LANES, total) if backend_class(config.backend).threads_adjustable else 1
     if lanes == 1:
         return 1, config.threads
     return lanes, max(total // lanes, 1)

@@ -1,12 +1,14 @@
-"""Lanes: chunks of items computed side by side, each on its own copy of the model, stored in chunk order.
+"""Lanes: decoder calls side by side, each on its own copy of the model, their results taken in job order.
 
-On a 2-core machine one llama.cpp context on 2 threads leaves cores idle in every small step (a decoding step of a few
-rows, the barriers between graph nodes, the Python between calls); two single-threaded contexts, each working through
-its own chunk, keep both cores busy (docs/performance.md, "Lanes"). A chunk's result does not depend on its lane: each
-chunk is one call on one model, as without lanes, and llama.cpp's f32 results do not depend on its thread count. The
-main thread stores the results in chunk order, so the stored rows and a resumed run are those of one lane.
+On 2 cores one llama.cpp context on 2 threads leaves a core idle for part of every small decoding step (a step of a
+few rows, the barriers between graph nodes, llama.cpp's host work and the Python between steps); two single-threaded
+contexts, each decoding its own call, keep both cores busy (docs/performance.md, "Lanes"). A call's result does not
+depend on its lane: each is the same call on the same weights as without lanes, and llama.cpp's results do not
+depend on its thread count (tests/test_lanes.py). The caller takes the results in job order, so what it stores, and
+where a resumed run starts, are those of one lane. Each lane holds a copy of the weights (and its contexts).
 
-The calling thread runs the chunks itself when there is one lane: nothing changes for a single model.
+Stages that make one call at a time (building on-policy items) or whose calls use two threads well (scoring) run on
+the first lane with every lane's threads (`solo`); with one lane nothing changes.
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ Result = TypeVar("Result")
 
 
 class Lanes(Generic[Job, Result]):
-    """Scorers of one model that compute jobs side by side. `first` is the one the stages that run one call at a
-    time use (building on-policy items)."""
+    """Scorers of one model that run jobs side by side; `first` is the one `solo` lends all the threads."""
 
     def __init__(self, scorers: Sequence) -> None:
         if not scorers:
@@ -41,8 +42,8 @@ class Lanes(Generic[Job, Result]):
 
     @contextlib.contextmanager
     def solo(self) -> Iterator:
-        """The first scorer on every lane's threads, for a stage that makes one call at a time (building on-policy
-        items); the other lanes idle meanwhile. A backend that cannot change its threads keeps its own."""
+        """The first scorer on every lane's threads, for a stage that makes one call at a time; the other lanes
+        idle meanwhile. A backend that cannot change its threads keeps its own."""
         backend = self.first.backend
         threads = [scorer.backend.n_threads for scorer in self.scorers]
         if len(threads) == 1 or not backend.threads_adjustable or None in threads:
