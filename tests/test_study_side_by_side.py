@@ -113,3 +113,22 @@ def test_a_folder_given_as_code_is_named_by_its_commit_and_whether_it_is_dirty(t
               "load_average_at_end": [0.0], "rows": [compare_runs(tmp_path / "run", tmp_path / "run")]}
     header = render(result).splitlines()[0]
     assert header.startswith(f"study side by side — now — base 907a12e (907a12e3a61e) vs new . ({head[:12]}, dirty)")
+
+
+def test_each_version_imports_its_own_tree_even_from_inside_another_checkout(tmp_path, monkeypatch):
+    """`python -c` puts the working directory first on sys.path: run from a checkout, every version imported that
+    checkout's fastscore. The child runs with -P, and run_study refuses a tree whose package would not be imported."""
+    from fastscore.bench.lab.study_side_by_side import imported_from, run_study
+
+    other = tmp_path / "other-version"
+    (other / "fastscore").mkdir(parents=True)
+    (other / "fastscore" / "__init__.py").write_text("")
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)  # a checkout of fastscore: its package sits in the working directory
+    assert imported_from(other) == (other / "fastscore").resolve()
+    assert imported_from(repo) == (repo / "fastscore").resolve()
+
+    empty = tmp_path / "no-package"
+    empty.mkdir()
+    with pytest.raises(RuntimeError, match="would import fastscore from"):
+        run_study(empty, ["--limit", "1"], tmp_path / "out")
