@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastscore.backends.llamacpp_abort import abort_workers
+from fastscore.backends.llamacpp_abort import abort_workers, mark_lane_thread
 from fastscore.study.runner import StudyConfig, lane_plan, run_study
 from fastscore.study.stages.lanes import Lanes, as_lanes
 
@@ -95,6 +95,16 @@ def test_lane_plan_shares_the_threads_among_the_lanes():
     assert lane_plan(replace(base, threads=8)) == (2, 4)
     assert lane_plan(replace(base, threads=1)) == (1, 1)
     assert lane_plan(replace(base, threads=3, lanes=3)) == (3, 1)
+    assert lane_plan(replace(base, threads=1, lanes=2)) == (1, 1)
+    assert lane_plan(replace(base, backend="onnx", quant="fp32")) == (1, 2)
+
+
+def test_lanes_on_a_backend_whose_results_may_depend_on_threads_are_refused(tmp_path, study_data):
+    from fastscore.errors import DataError
+    from fastscore.study.runner import check_config
+
+    with pytest.raises(DataError, match="--lanes 2 needs a backend"):
+        check_config(StudyConfig(backend="onnx", quant="fp32", lanes=2, data_dir=study_data, out_dir=tmp_path))
 
 
 def test_llamacpp_scores_and_greedy_tokens_do_not_depend_on_the_thread_count(smollm_artefact):
@@ -150,6 +160,7 @@ def test_abort_workers_stops_a_long_decode_in_a_lane_thread(smollm_artefact):
     outcome = {}
 
     def lane() -> None:
+        mark_lane_thread()
         started = time.perf_counter()
         try:
             backend.score_tokens([request])

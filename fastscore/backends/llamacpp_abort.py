@@ -21,18 +21,23 @@ from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
-# Set while the main thread stops the llama.cpp calls of its worker threads (abort_workers).
+# Set while the main thread stops the llama.cpp calls of its lane threads (abort_workers).
 _workers_stop = threading.Event()
+_lane = threading.local()
+
+
+def mark_lane_thread() -> None:
+    """This thread's llama_decode calls poll abort_workers (other threads, e.g. a server's, get no callback)."""
+    _lane.stoppable = True
 
 
 @contextlib.contextmanager
 def abort_workers() -> Iterator[None]:
-    """Inside: every llama_decode running or starting outside the main thread is aborted."""
+    """Inside: every llama_decode running or starting in a lane thread is aborted. Interrupted again before the
+    block ends, the flag stays set, so the lanes still stop while the interpreter winds down."""
     _workers_stop.set()
-    try:
-        yield
-    finally:
-        _workers_stop.clear()
+    yield
+    _workers_stop.clear()
 
 
 class AbortOnInterrupt:
@@ -54,10 +59,13 @@ class AbortOnInterrupt:
         """Around one llama_decode: SIGINT aborts the call, then raises KeyboardInterrupt.
 
         Only with Python's default SIGINT handler in the main thread; otherwise nothing is installed, because a
-        handler raising inside the callback would be swallowed by ctypes. Outside the main thread the call is
-        aborted (and KeyboardInterrupt raised) while abort_workers() is in effect.
+        handler raising inside the callback would be swallowed by ctypes. In a lane thread (mark_lane_thread) the
+        call is aborted (and KeyboardInterrupt raised) while abort_workers() is in effect.
         """
         if threading.current_thread() is not threading.main_thread():
+            if not getattr(_lane, "stoppable", False):
+                yield
+                return
             if _workers_stop.is_set():
                 raise KeyboardInterrupt
             self.L.llama_set_abort_callback(self.ctx, self._worker_callback, None)

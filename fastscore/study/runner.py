@@ -159,6 +159,12 @@ def check_config(config: StudyConfig) -> None:
         raise DataError("an item window (a sweep shard) runs one failure source, not both")
     if config.lanes is not None and config.lanes < 1:
         raise DataError(f"--lanes must be at least 1 (got {config.lanes})")
+    if config.lanes is not None and config.lanes > 1:
+        from fastscore.backends import backend_class
+
+        if not backend_class(config.backend).threads_adjustable:
+            raise DataError(f"--lanes {config.lanes} needs a backend whose results do not depend on its threads "
+                            f"(llamacpp); {config.backend} runs one lane")
     if config.n_boot < 1:
         raise DataError(f"n_boot must be at least 1 (got {config.n_boot})")
     if config.max_new_tokens is not None and config.max_new_tokens < 1:
@@ -192,7 +198,7 @@ def lane_plan(config: StudyConfig) -> tuple[int, int | None]:
 
     total = config.threads if config.threads is not None else os.cpu_count() or 1
     if config.lanes is not None:
-        lanes = config.lanes
+        lanes = min(config.lanes, total)  # a lane has at least one of the threads asked for
     else:
         lanes = min(DEFAULT_LANES, total) if backend_class(config.backend).threads_adjustable else 1
     if lanes == 1:

@@ -15,6 +15,7 @@ after a failure" is compared with "repeats after any record of the same action",
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -104,8 +105,9 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
             chunk_plans.append(_plan_chunk(members, lp, lanes.first.tokenizer, envs[env], new_tokens(env), plan))
     calls = [call for chunk_plan in chunk_plans for call in chunk_plan.calls()]
     finished = lanes.ordered(calls, lambda call, lane: call.run(lane), cost=lambda call: call.cost)
-    with tqdm(total=len(scored), initial=sum(item.item_id in done for item in scored), desc="greedy decoding",
-              unit="item", disable=not progress) as bar:
+    # closing: an error while judging or storing (a sandbox run, the disk) also stops the lanes' calls
+    with contextlib.closing(finished), tqdm(total=len(scored), initial=sum(item.item_id in done for item in scored),
+                                            desc="greedy decoding", unit="item", disable=not progress) as bar:
         for chunk_plan in chunk_plans:
             for _call in chunk_plan.calls():
                 call, (ok, failed) = next(finished)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
-from fastscore.backends.llamacpp_abort import abort_workers
+from fastscore.backends.llamacpp_abort import abort_workers, mark_lane_thread
 
 Job = TypeVar("Job")
 Result = TypeVar("Result")
@@ -61,8 +61,10 @@ class Lanes(Generic[Job, Result]):
     def ordered(self, jobs: Iterable[Job], compute: Callable[[Job, object], Result],
                 cost: Callable[[Job], float] | None = None) -> Iterator[tuple[Job, Result]]:
         """(job, compute(job, scorer)) for every job, in the jobs' order. With several lanes and jobs, each job runs
-        on the first free scorer, the costliest first (so the last to start are the short ones) while the caller
-        handles the results before it; a single job runs alone on every lane's threads (solo)."""
+        on the first free scorer while the caller handles the results before it. Only the jobs within a window ahead
+        of the one the caller waits for are started, costliest first (so the short ones fill the ends), which keeps
+        the caller storing as the stage goes. A single job runs alone on every lane's threads (solo). Close the
+        iterator (contextlib.closing) so an error in the caller stops the lanes too."""
         jobs = list(jobs)
         if len(self.scorers) == 1 or len(jobs) <= 1:
             with self.solo() as scorer:
@@ -74,17 +76,25 @@ class Lanes(Generic[Job, Result]):
             free.put(scorer)
 
         def run(job: Job) -> Result:
+            mark_lane_thread()  # its llama.cpp calls can then be stopped by abort_workers
             scorer = free.get()
             try:
                 return compute(job, scorer)
             finally:
                 free.put(scorer)
 
-        starts = sorted(range(len(jobs)), key=lambda n: -cost(jobs[n])) if cost is not None else range(len(jobs))
+        window = 2 * len(self.scorers) + 2
+        futures: dict[int, Future] = {}
         with ThreadPoolExecutor(max_workers=len(self.scorers), thread_name_prefix="lane") as pool, \
-                _stop_workers_on_exit(pool):
-            futures: dict[int, Future] = {n: pool.submit(run, jobs[n]) for n in starts}
+                _stop_workers_on_exit(pool, futures):
+
+            def submit_up_to(stop: int) -> None:
+                new = list(range(len(futures), min(stop, len(jobs))))
+                for n in sorted(new, key=lambda n: -cost(jobs[n])) if cost is not None else new:
+                    futures[n] = pool.submit(run, jobs[n])
+
             for n, job in enumerate(jobs):
+                submit_up_to(n + 1 + window)
                 yield job, futures[n].result()
 
 
@@ -94,12 +104,14 @@ def as_lanes(scorer) -> Lanes:
 
 
 @contextlib.contextmanager
-def _stop_workers_on_exit(pool: ThreadPoolExecutor) -> Iterator[None]:
-    """An error or Ctrl-C in the caller (or a caller that stops iterating) drops the jobs not started and stops the
-    llama.cpp calls running in the lanes, instead of waiting for them to finish."""
+def _stop_workers_on_exit(pool: ThreadPoolExecutor, futures: dict[int, Future]) -> Iterator[None]:
+    """An error or Ctrl-C in the caller (or a caller that stops iterating early) drops the jobs not started and
+    stops the llama.cpp calls running in the lanes, instead of waiting for them to finish."""
     try:
         yield
     except BaseException:
+        if all(future.done() for future in futures.values()):
+            raise  # every job finished: nothing to stop (the usual close after the last result)
         pool.shutdown(wait=False, cancel_futures=True)
         with abort_workers():
             pool.shutdown(wait=True)
