@@ -70,8 +70,9 @@ def imported_from(code: Path) -> Path:
 def run_study(code: Path, study_args: Sequence[str], out: Path) -> float:
     """One `fastscore study` with `code` first on the import path; its wall seconds. Refuses to time a run that
     would import another tree's code."""
-    if imported_from(code) != (code / "fastscore").resolve():
-        raise RuntimeError(f"a run on {code} would import fastscore from {imported_from(code)}")
+    found = imported_from(code)
+    if found != (code / "fastscore").resolve():
+        raise RuntimeError(f"a run on {code} would import fastscore from {found}")
     prefix, env = _child(code)
     command = [*prefix, "-c", "from fastscore.cli import main; main()", "study", *study_args, "--out", str(out)]
     start = time.perf_counter()

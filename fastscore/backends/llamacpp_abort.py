@@ -68,26 +68,30 @@ class AbortOnInterrupt:
                 return
             if _workers_stop.is_set():
                 raise KeyboardInterrupt
-            self.L.llama_set_abort_callback(self.ctx, self._worker_callback, None)
-            try:
+            with self._installed(self._worker_callback):
                 yield
-            finally:
-                self.L.llama_set_abort_callback(self.ctx, self.L.ggml_abort_callback(0), None)
             if _workers_stop.is_set():
                 raise KeyboardInterrupt
             return
-        ours = signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        if not ours:
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
             yield
             return
         self.requested = False
         signal.signal(signal.SIGINT, self._on_sigint)
-        self.L.llama_set_abort_callback(self.ctx, self._callback, None)
         try:
-            yield
+            with self._installed(self._callback):
+                yield
         finally:
-            self.L.llama_set_abort_callback(self.ctx, self.L.ggml_abort_callback(0), None)
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if self.requested:
             log.info("llama_decode aborted by SIGINT")
             raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def _installed(self, callback) -> Iterator[None]:
+        """`callback` as the context's abort callback for the block, none after it."""
+        self.L.llama_set_abort_callback(self.ctx, callback, None)
+        try:
+            yield
+        finally:
+            self.L.llama_set_abort_callback(self.ctx, self.L.ggml_abort_callback(0), None)

@@ -352,8 +352,8 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
         run_bar.settle(source, len(items), built)
         n_resumed = len(store.scores(rows_per_item=len(CONDITIONS)).load())
         with timer("score candidate sets", computed):
-            # Scoring runs on every thread in one lane: its big trie groups use two threads well (1.8-1.9x), and its
-            # first chunk holds every item at the default --limit.
+            # Scoring runs on every thread in one lane: its big trie groups use two threads well (1.8-1.9x from 1 to
+            # 2 threads, docs/performance.md "Threads and cores"), so lanes would gain little there.
             with lanes.solo() as scorer:
                 score_stage(store, scorer, envs, items, progress=progress, after_item=hooked)
         run_bar.settle(source, len(items), built + 1)

@@ -17,7 +17,7 @@ import contextlib
 import queue
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from fastscore.backends.llamacpp_abort import abort_workers, mark_lane_thread
 
@@ -25,7 +25,7 @@ Job = TypeVar("Job")
 Result = TypeVar("Result")
 
 
-class Lanes(Generic[Job, Result]):
+class Lanes:
     """Scorers of one model that run jobs side by side; `first` is the one `solo` lends all the threads."""
 
     def __init__(self, scorers: Sequence) -> None:
@@ -36,9 +36,6 @@ class Lanes(Generic[Job, Result]):
     @property
     def first(self):
         return self.scorers[0]
-
-    def __len__(self) -> int:
-        return len(self.scorers)
 
     @contextlib.contextmanager
     def solo(self) -> Iterator:
