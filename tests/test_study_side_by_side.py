@@ -132,3 +132,21 @@ def test_each_version_imports_its_own_tree_even_from_inside_another_checkout(tmp
     empty.mkdir()
     with pytest.raises(RuntimeError, match="would import fastscore from"):
         run_study(empty, ["--limit", "1"], tmp_path / "out")
+
+
+def test_a_versions_libraries_come_after_its_code_and_before_the_venvs(tmp_path):
+    """--base-libs / --new-libs: a folder of libraries (e.g. another llama-cpp-python build) shadows the venv's for
+    that version only, and each run names the llama_cpp it imported."""
+    from fastscore.bench.lab.study_side_by_side import imported_from, llama_cpp_imported
+
+    code = tmp_path / "code"
+    (code / "fastscore").mkdir(parents=True)
+    (code / "fastscore" / "__init__.py").write_text("")
+    libs = tmp_path / "libs"
+    (libs / "llama_cpp").mkdir(parents=True)
+    (libs / "llama_cpp" / "__init__.py").write_text('__version__ = "0.0.1+other"\n')
+    (libs / "fastscore").mkdir()  # a library folder never wins over the version's own code
+    (libs / "fastscore" / "__init__.py").write_text("")
+    assert imported_from(code, libs) == (code / "fastscore").resolve()
+    assert llama_cpp_imported(code, libs) == {"version": "0.0.1+other", "folder": str(libs / "llama_cpp")}
+    assert llama_cpp_imported(code) != llama_cpp_imported(code, libs)

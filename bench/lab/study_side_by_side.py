@@ -4,6 +4,9 @@ tokens computed per stage for each, their ratios, and whether the two versions' 
 Each version is a code tree (a folder, or a commit of this repository unpacked into the scratch folder with
 `git archive`) imported through PYTHONPATH by the same interpreter (with `-P`, so the working directory's checkout
 does not come first; each run checks the package it imports), so both run on the same venv, machine and load.
+`--base-libs` / `--new-libs` put a folder of libraries after a version's code on its import path (e.g. the stock
+llama-cpp-python installed with `pip install --target`, so the base runs on the llama.cpp it had); each run records
+the llama_cpp it imported.
 Rounds alternate the order (A B, B A, ...) so a load that drifts during the run falls on both. Seconds depend on the
 load; tokens computed per stage do not, and on a loaded machine the ratios of interleaved runs are the figures to
 read. The rows (scores.jsonl, logprobs.jsonl, items.jsonl, skipped.jsonl of each failure source) of every new run are
@@ -53,27 +56,40 @@ def code_tree(ref: str, scratch: Path, repo: Path) -> tuple[Path, dict[str, Any]
     return tree, {"commit": sha, "dirty": False}
 
 
-def _child(code: Path) -> tuple[list[str], dict[str, str]]:
-    """The interpreter command and environment that import fastscore from `code`. `-P`: without it `python -c` puts
-    the working directory first on sys.path, so run from a checkout every version imported that checkout's code."""
-    return [sys.executable, "-P"], {**os.environ, "PYTHONPATH": str(code)}
+def _child(code: Path, libs: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """The interpreter command and environment that import fastscore from `code` (and, before the venv's, the
+    libraries in `libs`). `-P`: without it `python -c` puts the working directory first on sys.path, so run from a
+    checkout every version imported that checkout's code."""
+    path = os.pathsep.join(str(p) for p in (code, libs) if p is not None)
+    return [sys.executable, "-P"], {**os.environ, "PYTHONPATH": path}
 
 
-def imported_from(code: Path) -> Path:
+def imported_from(code: Path, libs: Path | None = None) -> Path:
     """The package folder a child run on `code` imports."""
-    prefix, env = _child(code)
+    prefix, env = _child(code, libs)
     found = subprocess.run([*prefix, "-c", "import fastscore; print(fastscore.__file__)"], env=env, check=True,
                            capture_output=True, text=True).stdout.strip()
     return Path(found).resolve().parent
 
 
-def run_study(code: Path, study_args: Sequence[str], out: Path) -> float:
+def llama_cpp_imported(code: Path, libs: Path | None = None) -> dict[str, str] | None:
+    """The llama_cpp a child run imports: its version (a patched build carries a local label) and folder."""
+    prefix, env = _child(code, libs)
+    got = subprocess.run([*prefix, "-c", "import llama_cpp, os; print(llama_cpp.__version__); "
+                          "print(os.path.dirname(llama_cpp.__file__))"], env=env, capture_output=True, text=True)
+    if got.returncode != 0:
+        return None
+    version, folder = got.stdout.split("\n")[:2]
+    return {"version": version, "folder": folder}
+
+
+def run_study(code: Path, study_args: Sequence[str], out: Path, libs: Path | None = None) -> float:
     """One `fastscore study` with `code` first on the import path; its wall seconds. Refuses to time a run that
     would import another tree's code."""
-    found = imported_from(code)
+    found = imported_from(code, libs)
     if found != (code / "fastscore").resolve():
         raise RuntimeError(f"a run on {code} would import fastscore from {found}")
-    prefix, env = _child(code)
+    prefix, env = _child(code, libs)
     command = [*prefix, "-c", "from fastscore.cli import main; main()", "study", *study_args, "--out", str(out)]
     start = time.perf_counter()
     subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
@@ -133,9 +149,11 @@ def median_figures(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def side_by_side(base: str, new: str, study_args: Sequence[str], rounds: int, scratch: Path, repo: Path,
-                 keep: bool = False) -> dict[str, Any]:
+                 keep: bool = False, libs: dict[str, Path | None] | None = None) -> dict[str, Any]:
     (base_tree, base_code), (new_tree, new_code) = code_tree(base, scratch, repo), code_tree(new, scratch, repo)
     trees, code = {"base": base_tree, "new": new_tree}, {"base": base_code, "new": new_code}
+    libs = {"base": None, "new": None} | (libs or {})
+    llama_cpp = {side: llama_cpp_imported(trees[side], libs[side]) for side in trees}
     runs: dict[str, list[dict[str, Any]]] = {"base": [], "new": []}
     comparisons = []
     load_at_start = [round(x, 2) for x in os.getloadavg()]
@@ -144,7 +162,7 @@ def side_by_side(base: str, new: str, study_args: Sequence[str], rounds: int, sc
         outs = {}
         for side in order:
             outs[side] = scratch / f"round{r}-{side}"
-            wall = run_study(trees[side], study_args, outs[side])
+            wall = run_study(trees[side], study_args, outs[side], libs[side])
             runs[side].append(run_figures(outs[side], wall))
         comparisons.append(compare_runs(outs["new"], outs["base"]))
     medians = {side: median_figures(rs) for side, rs in runs.items()}
@@ -153,7 +171,7 @@ def side_by_side(base: str, new: str, study_args: Sequence[str], rounds: int, sc
                    for s, v in medians["new"]["stages"].items() if s in medians["base"]["stages"]}
     return {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "base": base, "new": new, "trees": {k: str(v) for k, v in trees.items()},
-            "code": code, "study_args": list(study_args),
+            "code": code, "llama_cpp": llama_cpp, "study_args": list(study_args),
             "rounds": rounds, "runs": runs, "median": medians,
             "speedup_item_runs_per_hour": ratio(medians["new"]["item_runs_per_hour"],
                                                 medians["base"]["item_runs_per_hour"]),
@@ -173,7 +191,12 @@ def render(result: dict[str, Any]) -> str:
 
     parts = [f"study side by side — {result['date_utc']} — base {named('base')} vs new {named('new')}; "
              f"fastscore study {' '.join(result['study_args'])}; {result['rounds']} interleaved round(s), medians; "
-             f"load average {result['load_average_at_start']} -> {result['load_average_at_end']}", ""]
+             f"load average {result['load_average_at_start']} -> {result['load_average_at_end']}"]
+    imported = result.get("llama_cpp") or {}
+    if any(imported.values()):
+        parts.append("llama_cpp: " + "; ".join(f"{side} {v['version']} from {v['folder']}" if v else f"{side} none"
+                                               for side, v in imported.items()))
+    parts.append("")
     rows = [[stage, _f(base["stages"].get(stage, {}).get("seconds")), _f(v["seconds"]),
              _f(result["speedup_per_stage"].get(stage), 2), str(base["stages"].get(stage, {}).get("tokens")),
              str(v["tokens"])] for stage, v in new["stages"].items()]
@@ -211,17 +234,22 @@ def _main() -> None:
     @click.option("--scratch", default=None, type=click.Path(file_okay=False, path_type=Path),
                   help="Folder for the code trees and run folders (kept); default a temporary folder (removed).")
     @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path))
-    def command(base, new, study, rounds, repo, scratch, json_out):
+    @click.option("--base-libs", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+                  help="Libraries the base imports before the venv's (a `pip install --target` folder).")
+    @click.option("--new-libs", default=None, type=click.Path(exists=True, file_okay=False, path_type=Path),
+                  help="Libraries the new version imports before the venv's.")
+    def command(base, new, study, rounds, repo, scratch, json_out, base_libs, new_libs):
         """Run `fastscore study STUDY` with two code versions, interleaved, and compare speed and rows."""
         study_args = shlex.split(study)
+        libs = {"base": base_libs.resolve() if base_libs else None, "new": new_libs.resolve() if new_libs else None}
         if "--out" in study_args:
             raise click.UsageError("--study must not set --out: each run gets its own folder in --scratch")
         if scratch is not None:
             scratch.mkdir(parents=True, exist_ok=True)
-            result = side_by_side(base, new, study_args, rounds, scratch.resolve(), repo, keep=True)
+            result = side_by_side(base, new, study_args, rounds, scratch.resolve(), repo, keep=True, libs=libs)
         else:
             with tempfile.TemporaryDirectory(prefix="fastscore-side-by-side-") as tmp:
-                result = side_by_side(base, new, study_args, rounds, Path(tmp), repo)
+                result = side_by_side(base, new, study_args, rounds, Path(tmp), repo, libs=libs)
         print_and_save(result, json_out, render)
 
     command()

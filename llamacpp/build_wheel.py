@@ -1,0 +1,119 @@
+"""Build llama-cpp-python from its PyPI sdist with this folder's patches applied; print the wheel's path.
+
+The wheel is cached under $FASTSCORE_HOME/wheels (default ~/.cache/fastscore), keyed by the sdist, the patches and
+CMAKE_ARGS, so a fresh clone on the same machine installs it in seconds instead of compiling llama.cpp again
+(~12 min on 2 cores). Its version carries a local label (0.3.36+fastscore1), so `pip show`, every run's recorded
+library versions and the shard manifests name the patched build; the label still satisfies `==0.3.36`.
+
+Standard library only: it runs before fastscore is installed (the Makefile installs this wheel first, so that
+`pip install -e .[all]` keeps it instead of fetching the unpatched one). What the patches change and what they gain:
+docs/performance.md, "The attention's KQ product on tinyBLAS".
+
+    python llamacpp/build_wheel.py [--pip .venv/bin/pip]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+PACKAGE = "llama-cpp-python"
+VERSION = "0.3.36"
+SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+LOCAL_LABEL = "fastscore1"  # bump with every change to the patch set
+HERE = Path(__file__).resolve().parent
+
+
+def patches() -> list[Path]:
+    return sorted(HERE.glob("*.patch"))
+
+
+def build_key() -> str:
+    """What decides the wheel's contents: the sdist, the patches, the label and the compiler flags."""
+    digest = hashlib.sha256(f"{SDIST_SHA256}\n{LOCAL_LABEL}\n{os.environ.get('CMAKE_ARGS', '')}\n".encode())
+    for patch in patches():
+        digest.update(patch.name.encode() + b"\n" + patch.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def wheel_dir() -> Path:
+    home = Path(os.environ.get("FASTSCORE_HOME") or Path.home() / ".cache" / "fastscore")
+    return home / "wheels" / f"{PACKAGE}-{VERSION}+{LOCAL_LABEL}-{build_key()}"
+
+
+def cached_wheel(folder: Path) -> Path | None:
+    found = sorted(folder.glob("llama_cpp_python-*.whl")) if folder.is_dir() else []
+    return found[0] if found else None
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch_sdist(pip: str, into: Path) -> Path:
+    subprocess.run([pip, "download", "-q", f"{PACKAGE}=={VERSION}", "--no-binary", ":all:", "--no-deps",
+                    "-d", str(into)], check=True)
+    sdist = into / SDIST
+    got = sha256_file(sdist)
+    if got != SDIST_SHA256:
+        sys.exit(f"{sdist}: sha256 {got}, expected {SDIST_SHA256}")
+    return sdist
+
+
+def patched_source(sdist: Path, into: Path) -> Path:
+    with tarfile.open(sdist) as tar:
+        tar.extractall(into, filter="data")
+    source = into / f"llama_cpp_python-{VERSION}"
+    for patch in patches():  # git apply works outside a repository, as patch(1) does, and checks every hunk
+        subprocess.run(["git", "apply", "--verbose", str(patch)], cwd=source, check=True)
+    init = source / "llama_cpp" / "__init__.py"
+    text, n = re.subn(rf'__version__ = "{re.escape(VERSION)}"', f'__version__ = "{VERSION}+{LOCAL_LABEL}"',
+                      init.read_text())
+    if n != 1:
+        sys.exit(f"{init}: no __version__ = {VERSION!r} to label")
+    init.write_text(text)
+    return source
+
+
+def build(pip: str) -> Path:
+    out = wheel_dir()
+    wheel = cached_wheel(out)
+    if wheel is not None:
+        return wheel
+    with tempfile.TemporaryDirectory(prefix="fastscore-llamacpp-") as tmp:
+        source = patched_source(fetch_sdist(pip, Path(tmp)), Path(tmp) / "src")
+        print(f"building {PACKAGE} {VERSION}+{LOCAL_LABEL} with {', '.join(p.name for p in patches())} "
+              f"(~12 min on 2 cores, once per machine)", file=sys.stderr)
+        staging = Path(tmp) / "wheel"
+        subprocess.run([pip, "wheel", "-q", "--no-deps", "-w", str(staging), str(source)], check=True)
+        out.mkdir(parents=True, exist_ok=True)
+        for built in staging.glob("*.whl"):  # moved in whole only after the build succeeded
+            shutil.move(str(built), out / built.name)
+    wheel = cached_wheel(out)
+    if wheel is None:
+        sys.exit(f"pip wheel left no wheel in {out}")
+    return wheel
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pip", default=str(Path(sys.executable).parent / "pip"), help="the pip that builds it")
+    args = parser.parse_args()
+    print(build(args.pip))
+
+
+if __name__ == "__main__":
+    main()
