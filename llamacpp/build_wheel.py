@@ -1,13 +1,13 @@
 """Build llama-cpp-python from its PyPI sdist with this folder's patches applied; print the wheel's path.
 
-The wheel is cached under $FASTSCORE_HOME/wheels (default ~/.cache/fastscore), keyed by the sdist, the patches and
-CMAKE_ARGS, so a fresh clone on the same machine installs it in seconds instead of compiling llama.cpp again
-(~12 min on 2 cores). Its version carries a local label (0.3.36+fastscore1), so `pip show`, every run's recorded
+The wheel is cached under $FASTSCORE_HOME/wheels (default ~/.cache/fastscore), keyed by the sdist, the patches,
+CMAKE_ARGS and the host CPU's instruction sets (llama.cpp is compiled for them), so a fresh clone on the same
+machine installs it in seconds instead of compiling llama.cpp again (minutes). Its version carries a local label (0.3.36+fastscore1), so `pip show`, every run's recorded
 library versions and the shard manifests name the patched build; the label still satisfies `==0.3.36`.
 
 Standard library only: it runs before fastscore is installed (the Makefile installs this wheel first, so that
 `pip install -e .[all]` keeps it instead of fetching the unpatched one). What the patches change and what they gain:
-docs/performance.md, "The attention's KQ product on tinyBLAS".
+docs/performance.md, "llama.cpp with two patches".
 
     python llamacpp/build_wheel.py [--pip .venv/bin/pip]
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -31,22 +32,41 @@ SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 LOCAL_LABEL = "fastscore1"  # bump with every change to the patch set
 HERE = Path(__file__).resolve().parent
+# As the Makefile: some x86 VMs report AMX in CPUID but trap on its tile instructions, and llama.cpp builds for the
+# host CPU (GGML_NATIVE), so AMX kernels are switched off unless CMAKE_ARGS says otherwise.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+DEFAULT_CMAKE_ARGS = f"-DCMAKE_C_FLAGS='{NO_AMX}' -DCMAKE_CXX_FLAGS='{NO_AMX}'" if platform.machine() == "x86_64" else ""
 
 
 def patches() -> list[Path]:
     return sorted(HERE.glob("*.patch"))
 
 
+def cmake_args() -> str:
+    return os.environ.get("CMAKE_ARGS", DEFAULT_CMAKE_ARGS)
+
+
+def cpu_flags() -> str:
+    """The host CPU's instruction sets: llama.cpp is compiled for them (GGML_NATIVE), so a wheel built on another
+    CPU may not run here."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(("flags", "Features"))), "")
+
+
 def build_key() -> str:
-    """What decides the wheel's contents: the sdist, the patches, the label and the compiler flags."""
-    digest = hashlib.sha256(f"{SDIST_SHA256}\n{LOCAL_LABEL}\n{os.environ.get('CMAKE_ARGS', '')}\n".encode())
+    """What decides the wheel's contents: the sdist, the patches, the label, the compiler flags and the CPU."""
+    digest = hashlib.sha256(f"{SDIST_SHA256}\n{LOCAL_LABEL}\n{cmake_args()}\n{platform.machine()}\n"
+                            f"{cpu_flags()}\n".encode())
     for patch in patches():
         digest.update(patch.name.encode() + b"\n" + patch.read_bytes())
     return digest.hexdigest()[:16]
 
 
 def wheel_dir() -> Path:
-    home = Path(os.environ.get("FASTSCORE_HOME") or Path.home() / ".cache" / "fastscore")
+    home = Path(os.environ.get("FASTSCORE_HOME") or Path.home() / ".cache" / "fastscore").expanduser()
     return home / "wheels" / f"{PACKAGE}-{VERSION}+{LOCAL_LABEL}-{build_key()}"
 
 
@@ -64,8 +84,9 @@ def sha256_file(path: Path) -> str:
 
 
 def fetch_sdist(pip: str, into: Path) -> Path:
+    # Children write to stderr: this script's stdout is the wheel's path, read by the Makefile.
     subprocess.run([pip, "download", "-q", f"{PACKAGE}=={VERSION}", "--no-binary", ":all:", "--no-deps",
-                    "-d", str(into)], check=True)
+                    "-d", str(into)], check=True, stdout=sys.stderr)
     sdist = into / SDIST
     got = sha256_file(sdist)
     if got != SDIST_SHA256:
@@ -77,8 +98,14 @@ def patched_source(sdist: Path, into: Path) -> Path:
     with tarfile.open(sdist) as tar:
         tar.extractall(into, filter="data")
     source = into / f"llama_cpp_python-{VERSION}"
-    for patch in patches():  # git apply works outside a repository, as patch(1) does, and checks every hunk
-        subprocess.run(["git", "apply", "--verbose", str(patch)], cwd=source, check=True)
+    # git apply checks every hunk. Inside another repository's work tree (a TMPDIR under a checkout) it would
+    # resolve paths against that repository and skip these files without an error, so the source is made a
+    # repository of its own first, and each patch must then reverse-apply: proof that it is in.
+    git = ["git", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q"], cwd=source, check=True, stdout=sys.stderr)
+    for patch in patches():
+        subprocess.run([*git, "apply", "--verbose", str(patch)], cwd=source, check=True, stdout=sys.stderr)
+        subprocess.run([*git, "apply", "--reverse", "--check", str(patch)], cwd=source, check=True)
     init = source / "llama_cpp" / "__init__.py"
     text, n = re.subn(rf'__version__ = "{re.escape(VERSION)}"', f'__version__ = "{VERSION}+{LOCAL_LABEL}"',
                       init.read_text())
@@ -96,12 +123,16 @@ def build(pip: str) -> Path:
     with tempfile.TemporaryDirectory(prefix="fastscore-llamacpp-") as tmp:
         source = patched_source(fetch_sdist(pip, Path(tmp)), Path(tmp) / "src")
         print(f"building {PACKAGE} {VERSION}+{LOCAL_LABEL} with {', '.join(p.name for p in patches())} "
-              f"(~12 min on 2 cores, once per machine)", file=sys.stderr)
+              f"(a few minutes on 2 cores, once per machine)", file=sys.stderr)
         staging = Path(tmp) / "wheel"
-        subprocess.run([pip, "wheel", "-q", "--no-deps", "-w", str(staging), str(source)], check=True)
+        subprocess.run([pip, "wheel", "-q", "--no-deps", "-w", str(staging), str(source)], check=True,
+                       stdout=sys.stderr, env={**os.environ, "CMAKE_ARGS": cmake_args()})
         out.mkdir(parents=True, exist_ok=True)
-        for built in staging.glob("*.whl"):  # moved in whole only after the build succeeded
-            shutil.move(str(built), out / built.name)
+        for built in staging.glob("*.whl"):
+            # Copied under a temporary name, then renamed: an interrupted copy never looks like a cached wheel.
+            partial = out / f".{built.name}.partial-{os.getpid()}"
+            shutil.copyfile(built, partial)
+            os.replace(partial, out / built.name)
     wheel = cached_wheel(out)
     if wheel is None:
         sys.exit(f"pip wheel left no wheel in {out}")
