@@ -6,13 +6,7 @@ PIP := $(VENV)/bin/pip
 DATA ?= ../shared/data
 STUDY_OUT ?= study-out
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
-# Some x86 VMs report AMX in CPUID but trap on its tile instructions (SIGILL in llama_decode, seen on this study
-# machine); -march=native would compile AMX kernels into llama.cpp, so they are switched off. Only on x86-64: other
-# architectures' compilers do not know these flags.
-NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
-ifeq ($(shell uname -m),x86_64)
-export CMAKE_ARGS ?= -DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)'
-endif
+# llama.cpp's compiler flags (no AMX on x86-64) are llamacpp/build_wheel.py's default; CMAKE_ARGS overrides them.
 
 .PHONY: install bubblewrap chromium templates test test-all study clean
 

