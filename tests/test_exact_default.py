@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,30 @@ def test_what_moves_a_score_is_where_its_kv_cells_start_not_what_shares_its_batc
           f"by other offsets {unaligned} (tolerance {BATCH_INVARIANCE_TOL:g})")
     assert set(batch_only.values()) == {0.0} and set(aligned.values()) == {0.0}
     assert max(unaligned.values()) <= BATCH_INVARIANCE_TOL
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="tinyBLAS takes one-row f32 products on x86-64 only "
+                    "(ARM NEON needs 4 rows), so elsewhere a one-row step sums in another order")
+def test_a_decoding_step_gives_the_bits_of_a_prefill_of_any_width(item_requests):
+    """llamacpp/0003: every f32 product runs on tinyBLAS, one-row products too, and tinyBLAS sums each output element
+    in one order whatever its tile, so a context's next-token logits are the same bits whether its last token is
+    the end of a prefill, a one-row step or one row of a four-row step. (Before 0003 a one-row step went through
+    ggml's per-element vec_dot and differed by ~1e-5, so greedy and sampled completions could depend on which
+    requests shared a decoder call.)"""
+    path, by_item = item_requests
+    contexts = [list(r.tokens) for r in next(iter(by_item.values()))][:4]
+    with LlamaCppBackend(path, n_threads=2) as backend:
+        with backend.decoder(4) as decoder:
+            prefilled = np.array(decoder.start(contexts))
+        with backend.decoder(4) as decoder:
+            decoder.start([c[:-1] for c in contexts])
+            stepped = np.array(decoder.step(list(range(len(contexts))), [c[-1] for c in contexts]))
+        with backend.decoder(4) as decoder:
+            decoder.start([contexts[0][:-1]])
+            alone = np.array(decoder.step([0], [contexts[0][-1]]))
+    print(f"\nmax |d logit|: prefill vs a {len(contexts)}-row step {np.abs(prefilled - stepped).max():.2e}, "
+          f"vs a one-row step {np.abs(prefilled[0] - alone[0]).max():.2e}")
+    assert np.array_equal(prefilled, stepped) and np.array_equal(prefilled[0], alone[0])
 
 
 def _many_lines(path: Path) -> Path:
