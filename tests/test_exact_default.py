@@ -110,9 +110,9 @@ def test_what_moves_a_score_is_where_its_kv_cells_start_not_what_shares_its_batc
 def test_a_decoding_step_gives_the_bits_of_a_prefill_of_any_width(item_requests):
     """llamacpp/0003: every f32 product runs on tinyBLAS, one-row products too, and tinyBLAS sums each output element
     in one order whatever its tile, so a context's next-token logits are the same bits whether its last token is
-    the end of a prefill, a one-row step or one row of a four-row step. (Before 0003 a one-row step went through
-    ggml's per-element vec_dot and differed by ~1e-5, so greedy and sampled completions could depend on which
-    requests shared a decoder call.)"""
+    the end of a prefill, a one-row step or one row of a step over all of the item's contexts (up to four). (Before
+    0003 a one-row step went through ggml's per-element vec_dot and differed by ~2e-5, so greedy and sampled
+    completions could depend on which requests shared a decoder call.)"""
     path, by_item = item_requests
     contexts = [list(r.tokens) for r in next(iter(by_item.values()))][:4]
     with LlamaCppBackend(path, n_threads=2) as backend:
