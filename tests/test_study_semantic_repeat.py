@@ -7,8 +7,9 @@ import pytest
 from fastscore.study.data.envs.base import Outcome
 from fastscore.study.data.envs.mbpp.env import MbppEnv
 from fastscore.study.data.envs.tools.env import ToolsEnv
-from fastscore.study.data.envs.tools.runtime import same_call
+from fastscore.study.data.envs.tools.runtime import may_become_same_call, same_call
 from fastscore.study.data.items import Item
+from fastscore.study.stages.decode import sample_done
 
 
 def item(env: str, failed: str) -> Item:
@@ -45,3 +46,70 @@ def test_mbpp_repeat_is_the_same_failing_test_outcome():
     assert env.repeats_failure(item("mbpp", failed), "same failure, other text")
     assert not env.repeats_failure(item("mbpp", failed), "another failure")
     assert not env.repeats_failure(item("mbpp", failed), "passes")
+
+
+# Texts that are the same call as FAILED, spelled as Python allows: every start of each must leave the repeat open.
+FAILED = 'math.hypot(x=3, y="4")'
+SAME_CALLS = [
+    FAILED,
+    "  math.hypot(y='4', x=3)\n",
+    "(math.hypot)(x=3, y='4')",  # a parenthesised function is still the function
+    "( math . hypot ) ( x = 3 , y = '4' )",
+    "(\n  math.hypot(x=3,\n             y='4')\n)",
+    "math.hypot \\\n(x=3, y='4')",  # a line continuation
+    "# the call\nmath.hypot(x=3, y='4')",  # a comment before it
+    "math.hypot(x=3, y='4')  # done",
+    "\u3000math.hypot(x=3, y='4')",  # stripped as whitespace by str.strip
+    "\uff4d\uff41\uff54\uff48.hypot(x=3, y='4')",  # fullwidth letters: Python reads identifiers NFKC-normalised
+]
+
+
+@pytest.mark.parametrize("text", SAME_CALLS)
+def test_every_start_of_a_repeat_leaves_the_repeat_open(text):
+    assert same_call(text, FAILED)
+    starts = [text[:k] for k in range(1, len(text) + 1)] + [text[:k] + "\ufffd" for k in range(len(text))]
+    closed = [head for head in starts if not may_become_same_call(head, FAILED)]
+    assert closed == []
+
+
+@pytest.mark.parametrize("head, failed, open_", [
+    ("math.hyp", FAILED, True),
+    ("math.hypot(x=4", FAILED, True),  # arguments are not judged: another spelling may follow
+    ("math.sqrt(", FAILED, False),  # another function
+    ("mathx", FAILED, False),
+    ("The", FAILED, False),  # prose where the failed action is a call
+    ("I will call math.hypot(x=3", FAILED, False),
+    ("```python\nmath.hypot(x=3, y='4')", FAILED, False),  # a fence is not part of a call
+    ("The answer is", "The answer is  42.", True),  # prose compares with whitespace collapsed
+    ("The answer was", "The answer is 42.", False),
+    ("f(a=1)", "The answer is 42.", False),
+    ("# a comment, then", FAILED, True),
+    ("Ma\u00efs # ", FAILED, False),  # the ASCII before a character outside it already rules the name out
+    ("The ans\ufffd", "The answer is 42.", True),  # an undecoded byte: not judged
+])
+def test_a_start_that_rules_out_the_repeat_closes_it(head, failed, open_):
+    assert may_become_same_call(head, failed) is open_
+    assert ToolsEnv("/nonexistent").may_still_repeat(item("tools", failed), head) is open_
+
+
+def test_mbpp_never_closes_a_repeat_early():
+    """Its repeat is judged by running the program: no start of a text rules it out."""
+    env = MbppEnv("/nonexistent")
+    assert env.may_still_repeat(item("mbpp", "```python\ndef f(x):\n    return x\n```"), "I cannot")
+
+
+def test_a_sample_stops_once_neither_repeat_is_possible():
+    """sample_done: the environment's rule, or a start that rules out the token-for-token repeat (its text leaves
+    the emitted action's) and the repeat in meaning (may_still_repeat)."""
+    tools, failed = ToolsEnv("/nonexistent"), item("tools", "f(a=1)")
+    done = sample_done(failed, tools, "f(a=1)", None)
+    assert not done("f(a=")  # still the emitted action
+    assert not done("f( a")  # another spelling of the call may follow
+    assert done("The")  # prose: neither
+    assert done("g(")  # another function
+    assert not done("f(a=1)\ufffd")  # part of a character: not judged
+    assert sample_done(failed, tools, "f(a=1)", lambda head: head.endswith("!"))("f(a=1)!")  # the env's rule
+    # Where the environment cannot judge a meaning from a start (MBPP runs the program), only its rule stops it.
+    mbpp = sample_done(item("mbpp", "```python\ndef f(x):\n    return x\n```"), MbppEnv("/nonexistent"),
+                       "```python\ndef f(x):\n    return x\n```", None)
+    assert not mbpp("I cannot")

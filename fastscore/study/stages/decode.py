@@ -10,7 +10,8 @@ ending as ACTION_DONE unless that token ends the turn; no metric reads what a mo
 also get k sampled completions under every record and from the clean context (SAMPLED_CONDITIONS; temperature 1.0,
 each from a generator seeded by the run's seed and the sample's id), decoded like the greedy completions (same budget,
 same action_done rule) and judged like them: token for token and in meaning (StudyEnv.repeats_failure). So "repeats
-after a failure" is compared with "repeats after any record of the same action", sampled as well as greedy.
+after a failure" is compared with "repeats after any record of the same action", sampled as well as greedy. Only
+the counts of a sample are kept, so it also stops once its text rules out both repeats (sample_done).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from fastscore.decode import ActionDone
 from fastscore.records import GreedyRequest, GreedyResult
 from fastscore.study.data.conditions import (
     CONDITIONS, RECORD_CONDITIONS, REFERENCE, ConditionContext, by_condition, distinct, render_conditions,
@@ -207,7 +209,7 @@ def _plan_chunk(members: list[Item], lp, tokenizer, env: StudyEnv, cap: int, pla
     # One call for the whole chunk: each request stops at its own budget, so items of different budgets share the
     # decoder's batches instead of each budget rebuilding the decoder for a few contexts.
     greedy = {i: reqs for i, reqs in to_decode.items() if reqs}
-    sampled = _sample_requests(members, contexts, budgets, env, plan) if plan.retries else {}
+    sampled = _sample_requests(members, contexts, budgets, env, plan, tokenizer) if plan.retries else {}
     return ChunkPlan(env, members, stands_for, results, decoded, attempts,
                      DecoderCall(greedy, cap) if greedy else None,
                      DecoderCall(sampled, cap, sampled_seed=plan.seed) if sampled else None, plan.retries)
@@ -218,25 +220,44 @@ def sample_request_id(item_id: str, condition: str, k: int) -> str:
 
 
 def _sample_requests(members: Sequence[Item], contexts: Mapping[str, Sequence[ConditionContext]],
-                     budgets: Mapping[str, int], env: StudyEnv, plan: DecodePlan) -> dict[str, list[GreedyRequest]]:
+                     budgets: Mapping[str, int], env: StudyEnv, plan: DecodePlan, tokenizer
+                     ) -> dict[str, list[GreedyRequest]]:
     """k sampled completions under each SAMPLED_CONDITIONS context of each on-policy item (temperature 1.0, each
     from its own generator, retry_rng)."""
-    # A sample is decoded as a greedy completion is (the item's budget, the environment's action_done rule), not
-    # stopped once its text leaves the failed action's: the semantic judge needs the whole action, since a sample
-    # that spells the same call or program differently (other quoting, spacing, argument order, a preamble) repeats
-    # it in meaning. The same budget and stop rule also make the sampled rates the same measurement as the greedy
-    # ones. The clean retry's context is before's messages (the failed attempt and its error deleted).
+    # A sample is decoded as a greedy completion is (the item's budget, the environment's action_done rule), so the
+    # sampled rates are the same measurement as the greedy ones, except that it also stops once its outcome is
+    # settled (sample_done). The clean retry's context is before's messages (the failed attempt and its error deleted).
     action_done = env.action_done()
     requests = {}
     for item in members:
         if own_attempt(item) is None:
             continue
         i = item.item_id
+        emitted = item.meta.get("emitted")  # None: an item built before actions were kept as emitted scores its text
+        failed = item.failed_action if emitted is None else b"".join(
+            tokenizer.token_bytes[t] for t in emitted["token_ids"]).decode("utf-8", errors="replace")
+        done = sample_done(item, env, failed, action_done)
         messages = {c.condition: c.messages for c in contexts[i]}
         requests[i] = [GreedyRequest(sample_request_id(i, cond, k), messages[cond], max_new_tokens=budgets[i],
-                                     action_done=action_done)
+                                     action_done=done)
                        for cond in SAMPLED_CONDITIONS for k in range(plan.retries)]
     return requests
+
+
+def sample_done(item: Item, env: StudyEnv, emitted: str, action_done: ActionDone | None) -> ActionDone:
+    """The stop rule of an on-policy item's sampled completions: the environment's action_done rule, or the sample's
+    outcome is settled. A sample counts as a repeat token for token (its text then starts as the emitted failed
+    action's text does, or extends it) or in meaning (env.may_still_repeat); where its text so far rules out both,
+    nothing it writes next changes the counts, which are all the study keeps of a sample. Either rule, once it
+    holds, ends the sample one token later, as action_done does. `emitted`: the failed action's emitted tokens, as
+    text."""
+    def done(head: str) -> bool:
+        if action_done is not None and action_done(head):
+            return True
+        if "\ufffd" in head:  # part of a character, or an undecodable byte: not judged
+            return False
+        return not (emitted.startswith(head) or head.startswith(emitted)) and not env.may_still_repeat(item, head)
+    return done
 
 
 def _judge_samples(chunk: ChunkPlan, lp) -> dict[str, dict[str, tuple[int, int, int]]]:

@@ -113,6 +113,12 @@ class StudyEnv(abc.ABC):
         environment's same_action; environments override it with what "the same action" means to their harness."""
         return self.same_action(text, item.failed_action)
 
+    def may_still_repeat(self, item: Item, head: str) -> bool:
+        """Could a completion that starts with `head` still repeat the failed action in meaning (repeats_failure)?
+        A sampled completion stops once it can repeat it neither so nor token for token (the counts are all the study
+        reads of it). By default True: an environment that cannot tell (MBPP runs the program) decodes to the end."""
+        return True
+
     @classmethod
     def isolation(cls, mode: str) -> contextlib.AbstractContextManager:
         """The context in which this environment runs model-written code under isolation `mode`; an environment

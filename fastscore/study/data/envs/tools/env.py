@@ -29,7 +29,7 @@ from fastscore.study.data.envs.tools.native import NativeItem, native_item
 from fastscore.study.data.envs.tools.mutations import mutation_rng, seeded_mutations
 from fastscore.study.data.envs.tools.prose import SEEDED_MIX, seeded_prose
 from fastscore.study.data.envs.tools.runtime import (
-    CALL_FORMAT_INSTRUCTIONS, Call, ToolOutcome, ToolRejection, ToolRuntime, parse_call, same_call,
+    CALL_FORMAT_INSTRUCTIONS, Call, ToolOutcome, ToolRejection, ToolRuntime, may_become_same_call, parse_call, same_call,
 )
 
 log = logging.getLogger(__name__)
@@ -326,6 +326,10 @@ class ToolsEnv(StudyEnv):
     def repeats_failure(self, item: Item, text: str) -> bool:
         """The same call after argument normalisation (see same_call)."""
         return same_call(text, item.failed_action)
+
+    def may_still_repeat(self, item: Item, head: str) -> bool:
+        """By the function's name and the text's words (see may_become_same_call)."""
+        return may_become_same_call(head, item.failed_action)
 
     def success_message(self, item: Item) -> str:
         return SUCCESS_TEMPLATE.format(function=_called_function(item))

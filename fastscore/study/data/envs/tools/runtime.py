@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,6 +160,33 @@ def same_call(text: str, other: str) -> bool:
     except ToolRejection:
         return " ".join(text.split()) == " ".join(other.split())
     return a.name == b.name and ({k: _canonical(v) for k, v in a.args} == {k: _canonical(v) for k, v in b.args})
+
+
+# What may stand before a call's function name or inside it without being part of the name: whitespace,
+# parentheses ("(f)(x=1)" calls f) and line continuations.
+_AROUND_NAME = re.compile(r"[\s\\()]")
+
+
+def may_become_same_call(head: str, other: str) -> bool:
+    """Could a text that starts with `head` still be same_call(text, other)? False only where no such text can be:
+
+    - its words are not the start of other's words (how texts compare where one is not a call), and
+    - other is not a call, or head cannot start a call of other's function: with whitespace, parentheses and line
+      continuations removed, the part of head before any comment sign or character outside ASCII (Python reads
+      identifiers NFKC-normalised) neither starts that function's name nor starts with it.
+
+    A U+FFFD in head (an undecoded byte, or a character the next token completes) is not judged: True."""
+    if "\ufffd" in head.rstrip("\ufffd"):
+        return True
+    if " ".join(other.split()).startswith(" ".join(head.rstrip("\ufffd").split())):
+        return True
+    try:
+        name = parse_call(other).name
+    except ToolRejection:
+        return False
+    plain = re.match(r"[\x00-\x7f]*", head.split("#", 1)[0]).group()
+    squeezed = _AROUND_NAME.sub("", plain)
+    return name.startswith(squeezed) or squeezed.startswith(name)
 
 
 def _type_ok(schema_type: str | None, value: Any) -> bool:
