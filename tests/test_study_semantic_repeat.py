@@ -7,7 +7,7 @@ import pytest
 from fastscore.study.data.envs.base import Outcome
 from fastscore.study.data.envs.mbpp.env import MbppEnv
 from fastscore.study.data.envs.tools.env import ToolsEnv
-from fastscore.study.data.envs.tools.runtime import may_become_same_call, same_call
+from fastscore.study.data.envs.tools.runtime import same_call, same_call_possible
 from fastscore.study.data.items import Item
 from fastscore.study.stages.decode import sample_done
 
@@ -62,13 +62,16 @@ SAME_CALLS = [
     "\u3000math.hypot(x=3, y='4')",  # stripped as whitespace by str.strip
     "\uff4d\uff41\uff54\uff48.hypot(x=3, y='4')",  # fullwidth letters: Python reads identifiers NFKC-normalised
 ]
+ACCENTED = "get_caf\u00e9_menu(day='mon')"
+SAME_ACCENTED = ["get_cafe\u0301_menu(day='mon')", "( get_cafe\u0301_menu)(day='mon')"]  # e + combining acute = \u00e9
 
 
-@pytest.mark.parametrize("text", SAME_CALLS)
-def test_every_start_of_a_repeat_leaves_the_repeat_open(text):
-    assert same_call(text, FAILED)
+@pytest.mark.parametrize("text, failed", [(t, FAILED) for t in SAME_CALLS] + [(t, ACCENTED) for t in SAME_ACCENTED])
+def test_every_start_of_a_repeat_leaves_the_repeat_open(text, failed):
+    assert same_call(text, failed)
+    possible = same_call_possible(failed)
     starts = [text[:k] for k in range(1, len(text) + 1)] + [text[:k] + "\ufffd" for k in range(len(text))]
-    closed = [head for head in starts if not may_become_same_call(head, FAILED)]
+    closed = [head for head in starts if not possible(head)]
     assert closed == []
 
 
@@ -85,22 +88,30 @@ def test_every_start_of_a_repeat_leaves_the_repeat_open(text):
     ("f(a=1)", "The answer is 42.", False),
     ("# a comment, then", FAILED, True),
     ("Ma\u00efs # ", FAILED, False),  # the ASCII before a character outside it already rules the name out
-    ("The ans\ufffd", "The answer is 42.", True),  # an undecoded byte: not judged
+    ("The ans\ufffd", "The answer is 42.", True),  # a character the next token completes: left out
+    ("The \ufffd ans", "The answer is 42.", True),  # an undecodable byte inside: not judged
+    ("get_cafx", ACCENTED, False),
 ])
 def test_a_start_that_rules_out_the_repeat_closes_it(head, failed, open_):
-    assert may_become_same_call(head, failed) is open_
-    assert ToolsEnv("/nonexistent").may_still_repeat(item("tools", failed), head) is open_
+    assert same_call_possible(failed)(head) is open_
+    assert ToolsEnv("/nonexistent").may_repeat(item("tools", failed))(head) is open_
 
 
 def test_mbpp_never_closes_a_repeat_early():
     """Its repeat is judged by running the program: no start of a text rules it out."""
-    env = MbppEnv("/nonexistent")
-    assert env.may_still_repeat(item("mbpp", "```python\ndef f(x):\n    return x\n```"), "I cannot")
+    assert MbppEnv("/nonexistent").may_repeat(item("mbpp", "```python\ndef f(x):\n    return x\n```")) is None
+
+
+class NoMeaning(ToolsEnv):
+    """An environment by which no start can still repeat in meaning."""
+
+    def may_repeat(self, item):
+        return lambda head: False
 
 
 def test_a_sample_stops_once_neither_repeat_is_possible():
     """sample_done: the environment's rule, or a start that rules out the token-for-token repeat (its text leaves
-    the emitted action's) and the repeat in meaning (may_still_repeat)."""
+    the emitted action's) and the repeat in meaning (may_repeat)."""
     tools, failed = ToolsEnv("/nonexistent"), item("tools", "f(a=1)")
     done = sample_done(failed, tools, "f(a=1)", None)
     assert not done("f(a=")  # still the emitted action
@@ -110,6 +121,10 @@ def test_a_sample_stops_once_neither_repeat_is_possible():
     assert not done("f(a=1)\ufffd")  # part of a character: not judged
     assert sample_done(failed, tools, "f(a=1)", lambda head: head.endswith("!"))("f(a=1)!")  # the env's rule
     # Where the environment cannot judge a meaning from a start (MBPP runs the program), only its rule stops it.
-    mbpp = sample_done(item("mbpp", "```python\ndef f(x):\n    return x\n```"), MbppEnv("/nonexistent"),
-                       "```python\ndef f(x):\n    return x\n```", None)
-    assert not mbpp("I cannot")
+    program = "```python\ndef f(x):\n    return x\n```"
+    assert sample_done(item("mbpp", program), MbppEnv("/nonexistent"), program, None) is None
+    # Emitted tokens that end inside a character: a sample that goes on from them may still repeat them token for
+    # token (the environment here rules every meaning out, so only that repeat keeps the sample open).
+    cut = sample_done(item("tools", "f(a='\u00e9')"), NoMeaning("/nonexistent"), "f(a='\ufffd", None)
+    assert not cut("f(a='\u00e9')") and not cut("f(a=")
+    assert cut("f(b")

@@ -234,9 +234,9 @@ def _sample_requests(members: Sequence[Item], contexts: Mapping[str, Sequence[Co
             continue
         i = item.item_id
         emitted = item.meta.get("emitted")  # None: an item built before actions were kept as emitted scores its text
-        failed = item.failed_action if emitted is None else b"".join(
+        emitted_text = item.failed_action if emitted is None else b"".join(
             tokenizer.token_bytes[t] for t in emitted["token_ids"]).decode("utf-8", errors="replace")
-        done = sample_done(item, env, failed, action_done)
+        done = sample_done(item, env, emitted_text, action_done)
         messages = {c.condition: c.messages for c in contexts[i]}
         requests[i] = [GreedyRequest(sample_request_id(i, cond, k), messages[cond], max_new_tokens=budgets[i],
                                      action_done=done)
@@ -244,19 +244,24 @@ def _sample_requests(members: Sequence[Item], contexts: Mapping[str, Sequence[Co
     return requests
 
 
-def sample_done(item: Item, env: StudyEnv, emitted: str, action_done: ActionDone | None) -> ActionDone:
+def sample_done(item: Item, env: StudyEnv, emitted_text: str, action_done: ActionDone | None) -> ActionDone | None:
     """The stop rule of an on-policy item's sampled completions: the environment's action_done rule, or the sample's
     outcome is settled. A sample counts as a repeat token for token (its text then starts as the emitted failed
-    action's text does, or extends it) or in meaning (env.may_still_repeat); where its text so far rules out both,
+    action's text does, or extends it) or in meaning (env.may_repeat); where its text so far rules out both,
     nothing it writes next changes the counts, which are all the study keeps of a sample. Either rule, once it
-    holds, ends the sample one token later, as action_done does. `emitted`: the failed action's emitted tokens, as
-    text."""
+    holds, ends the sample one token later, as action_done does (the decoder reads a rule until it first holds).
+    `emitted_text`: the text of the failed action's emitted tokens."""
+    possible = env.may_repeat(item)
+    if possible is None:
+        return action_done
+    exact = emitted_text.rstrip("\ufffd")  # emitted tokens may end inside a character that a longer sample completes
+
     def done(head: str) -> bool:
         if action_done is not None and action_done(head):
             return True
         if "\ufffd" in head:  # part of a character, or an undecodable byte: not judged
             return False
-        return not (emitted.startswith(head) or head.startswith(emitted)) and not env.may_still_repeat(item, head)
+        return not (exact.startswith(head) or head.startswith(exact)) and not possible(head)
     return done
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -113,11 +114,12 @@ class StudyEnv(abc.ABC):
         environment's same_action; environments override it with what "the same action" means to their harness."""
         return self.same_action(text, item.failed_action)
 
-    def may_still_repeat(self, item: Item, head: str) -> bool:
-        """Could a completion that starts with `head` still repeat the failed action in meaning (repeats_failure)?
-        A sampled completion stops once it can repeat it neither so nor token for token (the counts are all the study
-        reads of it). By default True: an environment that cannot tell (MBPP runs the program) decodes to the end."""
-        return True
+    def may_repeat(self, item: Item) -> Callable[[str], bool] | None:
+        """A predicate on a completion's start: could a completion that starts so still repeat the failed action in
+        meaning (repeats_failure)? A sampled completion stops once it can repeat it neither so nor token for token
+        (its two counts are all the study keeps of it). None, the default: the environment cannot tell from a start
+        (MBPP runs the program), and samples decode to their end."""
+        return None
 
     @classmethod
     def isolation(cls, mode: str) -> contextlib.AbstractContextManager:

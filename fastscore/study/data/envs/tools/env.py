@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from fastscore.study.data.envs.tools.native import NativeItem, native_item
 from fastscore.study.data.envs.tools.mutations import mutation_rng, seeded_mutations
 from fastscore.study.data.envs.tools.prose import SEEDED_MIX, seeded_prose
 from fastscore.study.data.envs.tools.runtime import (
-    CALL_FORMAT_INSTRUCTIONS, Call, ToolOutcome, ToolRejection, ToolRuntime, may_become_same_call, parse_call, same_call,
+    CALL_FORMAT_INSTRUCTIONS, Call, ToolOutcome, ToolRejection, ToolRuntime, parse_call, same_call, same_call_possible,
 )
 
 log = logging.getLogger(__name__)
@@ -327,9 +328,9 @@ class ToolsEnv(StudyEnv):
         """The same call after argument normalisation (see same_call)."""
         return same_call(text, item.failed_action)
 
-    def may_still_repeat(self, item: Item, head: str) -> bool:
-        """By the function's name and the text's words (see may_become_same_call)."""
-        return may_become_same_call(head, item.failed_action)
+    def may_repeat(self, item: Item) -> Callable[[str], bool]:
+        """By the text's words and the called function's name (see same_call_possible)."""
+        return same_call_possible(item.failed_action)
 
     def success_message(self, item: Item) -> str:
         return SUCCESS_TEMPLATE.format(function=_called_function(item))

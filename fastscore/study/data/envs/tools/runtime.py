@@ -21,6 +21,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,26 +169,35 @@ def same_call(text: str, other: str) -> bool:
 _AROUND_NAME = re.compile(r"[\s\\()]")
 
 
-def may_become_same_call(head: str, other: str) -> bool:
-    """Could a text that starts with `head` still be same_call(text, other)? False only where no such text can be:
+def same_call_possible(other: str) -> Callable[[str], bool]:
+    """A predicate on a text's start `head`: could a text that starts so still be same_call(text, other)? False only
+    where no such text can be:
 
     - its words are not the start of other's words (how texts compare where one is not a call), and
     - other is not a call, or head cannot start a call of other's function: with whitespace, parentheses and line
-      continuations removed, the part of head before any comment sign or character outside ASCII (Python reads
-      identifiers NFKC-normalised) neither starts that function's name nor starts with it.
+      continuations removed, the part of head before any comment sign or character outside ASCII neither starts the
+      function's name nor starts with it. Python reads identifiers NFKC-normalised, so the name is compared
+      decomposed (NFKD): an ASCII letter and a combining accent after it spell one of its letters, and the ASCII
+      start of any spelling of the name is a start of its decomposed form.
 
-    A U+FFFD in head (an undecoded byte, or a character the next token completes) is not judged: True."""
-    if "\ufffd" in head.rstrip("\ufffd"):
-        return True
-    if " ".join(other.split()).startswith(" ".join(head.rstrip("\ufffd").split())):
-        return True
+    A U+FFFD inside head (an undecodable byte) leaves the repeat open; trailing ones (a character the next token
+    completes) are left out."""
+    words = " ".join(other.split())
     try:
-        name = parse_call(other).name
+        name: str | None = unicodedata.normalize("NFKD", parse_call(other).name)
     except ToolRejection:
-        return False
-    plain = re.match(r"[\x00-\x7f]*", head.split("#", 1)[0]).group()
-    squeezed = _AROUND_NAME.sub("", plain)
-    return name.startswith(squeezed) or squeezed.startswith(name)
+        name = None
+
+    def possible(head: str) -> bool:
+        head = head.rstrip("\ufffd")
+        if "\ufffd" in head or words.startswith(" ".join(head.split())):
+            return True
+        if name is None:
+            return False
+        plain = re.match(r"[\x00-\x7f]*", head.split("#", 1)[0]).group()
+        squeezed = _AROUND_NAME.sub("", plain)
+        return name.startswith(squeezed) or squeezed.startswith(name)
+    return possible
 
 
 def _type_ok(schema_type: str | None, value: Any) -> bool:
