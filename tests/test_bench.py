@@ -214,7 +214,7 @@ def _run_bench(tmp_path, workload: list[str], extra: list[str], as_json: bool = 
     for key in REQUIRED_KEYS:
         assert key in summary, key
     if as_json:
-        assert json.loads(result.output) == summary  # stdout holds the one JSON line and nothing else
+        assert json.loads(result.stdout) == summary  # stdout holds the one JSON line and nothing else (progress: stderr)
     else:
         _check_short_table(result.output, summary)
     b = summary["backends"]["llamacpp:q4_1"]

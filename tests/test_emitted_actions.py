@@ -69,14 +69,18 @@ class _Judged:
         self.calls: list[tuple[str, bool]] = []
 
 
-def _words_env(data_dir, judged: _Judged):
+def _words_env(data_dir, judged: _Judged, settle: bool = False):
     """The tools environment whose harness cuts an answer once it has written WORDS words (the tiny random model
-    never ends its turn), and whose semantic repeat judge is recorded."""
+    never ends its turn), and whose semantic repeat judge is recorded. Without `settle`, a sample runs to that rule
+    (the environment cannot tell a repeat from a start); with it, samples stop once settled by the tools rule."""
     from fastscore.study.data.envs.tools.env import ToolsEnv
 
     class WordsEnv(ToolsEnv):
         def action_done(self):
             return _rule
+
+        def may_repeat(self, item):
+            return super().may_repeat(item) if settle else None
 
         def repeats_failure(self, item, text):
             same = super().repeats_failure(item, text)
@@ -135,7 +139,7 @@ def test_on_policy_actions_are_scored_as_emitted_under_every_condition_and_retri
     # The decode stage judges each item's samples (before it writes the rows, whose greedy completions are judged
     # next, one per condition), condition by condition in SAMPLED_CONDITIONS order: every sample was judged in
     # meaning, as a whole action (decoded to the action_done rule, like a greedy completion; the run is seeded and
-    # exact, so no sample of it ends at its budget), not stopped once its text left the failed action's.
+    # exact, so no sample of it ends at its budget): this environment cannot tell a repeat from a start.
     n, per_item = len(items), RETRIES * len(SAMPLED_CONDITIONS)
     assert len(judged.calls) == n * (per_item + len(CONDITIONS))
     samples = judged.calls[: n * per_item]
@@ -153,6 +157,44 @@ def test_on_policy_actions_are_scored_as_emitted_under_every_condition_and_retri
             assert len(drawn) == RETRIES and {r.messages for r in drawn} == {contexts[item.item_id, cond]}, cond
         for cond in set(CONDITIONS) - set(SAMPLED_CONDITIONS):  # before (the own attempt) and ban (0 by construction)
             assert rows[item.item_id, cond].sampled_k is None, cond
+
+
+def test_samples_stopped_once_settled_give_the_rows_of_samples_decoded_to_their_end(tiny_model, study_data, tmp_path):
+    """The same on-policy item's decode stage twice on an exact type: samples decoded to the action_done rule, and
+    samples that also stop once their text rules out both repeats (sample_done). Fewer sampled tokens, the same
+    rows: the counts are all the study keeps of a sample."""
+    from fastscore.selection import ModelSelection
+    from fastscore.study.stages.onpolicy import ModelFailureBuilder
+    from fastscore.study.stages.decode import DecodePlan, greedy_stage
+    from fastscore.study.stages.score import score_stage
+    from fastscore.study.stages.store import StudyStore
+
+    rows, sampled_tokens = {}, {}
+    with ModelSelection.resolve(str(tiny_model("llama")), "llamacpp", "f32", threads=2).open() as scorer:
+        items, skipped = ModelFailureBuilder(_words_env(study_data, _Judged()), scorer, SEED, max_new_tokens=16).build(1)
+        assert items, [s.reason for s in skipped]
+        greedy = scorer.greedy
+        for settle in (False, True):
+            env, out = _words_env(study_data, _Judged(), settle), tmp_path / f"settle-{settle}"
+            store = StudyStore(out)
+            store.start({"test": 1}, resume=False)
+            score_stage(store, scorer, {env.name: env}, items)
+            tokens = sampled_tokens[settle] = []
+
+            def recording_greedy(requests, **kw):
+                results = greedy(requests, **kw)
+                if kw.get("temperature"):
+                    tokens.extend(len(r.token_ids) for r in results)
+                return results
+
+            scorer.greedy = recording_greedy
+            greedy_stage(store, scorer, {env.name: env}, items, lambda _: 16, DecodePlan(False, RETRIES, SEED))
+            scorer.greedy = greedy
+            rows[settle] = (out / "scores.jsonl").read_text()
+    print("sampled tokens, to the end vs settled:", sum(sampled_tokens[False]), sum(sampled_tokens[True]))
+    assert len(sampled_tokens[True]) == len(sampled_tokens[False]) > 0
+    assert sum(sampled_tokens[True]) < sum(sampled_tokens[False])
+    assert rows[True] == rows[False]
 
 
 def test_a_prefix_ban_can_be_asked_per_request_beside_text_bans_in_one_call(smollm_tokenizer):
