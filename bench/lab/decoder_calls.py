@@ -1,0 +1,95 @@
+"""What the greedy stage's decoder calls generate and cost: a finished study run's greedy stage run again (its
+scores removed, the rest resumed), each decoder call recorded (tokens generated and lane-seconds, per environment,
+greedy or sampled), and the new `scores.jsonl` compared byte for byte with the run's own.
+
+    python -m fastscore.bench.lab.decoder_calls RUN_DIR SCRATCH [--data ../shared/data] [--threads 2]
+
+RUN_DIR: one failure source's folder of a finished `fastscore study` run (e.g. OUT/model), left untouched; SCRATCH
+is replaced by a copy of it. The run's own config gives the environments, limit and failure source.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+import click
+
+STAGE_OUTPUTS = ("scores.jsonl", "summary.json", "report.md")
+
+
+def tally(calls: Iterable[dict]) -> dict[str, dict[str, float]]:
+    """{"env, greedy|sampled": {"calls", "requests", "tokens", "lane_seconds"}} of recorded calls, each
+    {"env", "sampled", "tokens": [per request], "seconds"}."""
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "requests": 0, "tokens": 0, "lane_seconds": 0.0})
+    for call in calls:
+        row = out[f"{call['env']}, {'sampled' if call['sampled'] else 'greedy'}"]
+        row["calls"] += 1
+        row["requests"] += len(call["tokens"])
+        row["tokens"] += sum(call["tokens"])
+        row["lane_seconds"] += call["seconds"]
+    return dict(sorted(out.items()))
+
+
+def _recorded(calls: list[dict], env_of: dict[str, str]):
+    """DecoderCall.run wrapped to append each finished call's figures to `calls` (lanes run calls in threads);
+    `env_of`: item id -> environment (a call holds one environment's items)."""
+    from fastscore.study.stages import decode
+
+    lock, run = threading.Lock(), decode.DecoderCall.run
+
+    def recording(self, scorer):
+        start = time.perf_counter()
+        ok, failed = run(self, scorer)
+        seconds = time.perf_counter() - start
+        env = env_of[next(iter(self.requests))]
+        with lock:
+            calls.append({"env": env, "sampled": self.sampled_seed is not None, "seconds": seconds,
+                          "tokens": [len(r.token_ids) for results in ok.values() for r in results]})
+        return ok, failed
+
+    return run, recording
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("scratch", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--data", "data_dir", default="../shared/data", show_default=True)
+@click.option("--threads", type=int, default=2, show_default=True)
+def main(run_dir: Path, scratch: Path, data_dir: str, threads: int) -> None:
+    from fastscore.cli.app import main as fastscore_main
+    from fastscore.study.stages import decode
+
+    config = json.loads((run_dir / "config.json").read_text())
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    shutil.copytree(run_dir, scratch)
+    for name in STAGE_OUTPUTS:
+        (scratch / name).unlink(missing_ok=True)
+    items = (json.loads(line) for line in (run_dir / "items.jsonl").read_text().splitlines() if line.strip())
+    calls: list[dict] = []
+    run, recording = _recorded(calls, {item["item_id"]: item["env"] for item in items})
+    decode.DecoderCall.run = recording
+    start = time.perf_counter()
+    try:
+        fastscore_main(["study", "--env", ",".join(config["envs"]), "--failures", config["failures"],
+                        "--limit", str(config["limit"] if config["limit"] is not None else "all"), "--data", data_dir,
+                        "--threads", str(threads), "--resume", "--out", str(scratch)], standalone_mode=False)
+    finally:
+        decode.DecoderCall.run = run
+    wall = time.perf_counter() - start
+    same = (scratch / "scores.jsonl").read_bytes() == (run_dir / "scores.jsonl").read_bytes()
+    click.echo("| decoder calls | calls | requests | tokens generated | lane-seconds |\n|---|---|---|---|---|")
+    for key, row in tally(calls).items():
+        click.echo(f"| {key} | {row['calls']} | {row['requests']} | {row['tokens']:,} | {row['lane_seconds']:.1f} |")
+    click.echo(f"wall {wall:.1f} s (model load included); scores.jsonl {'byte-identical to' if same else 'DIFFERS from'} "
+               f"{run_dir / 'scores.jsonl'}")
+
+
+if __name__ == "__main__":
+    main()
