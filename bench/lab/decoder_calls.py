@@ -2,7 +2,7 @@
 scores removed, the rest resumed), each decoder call recorded (tokens generated and lane-seconds, per environment,
 greedy or sampled), and the new `scores.jsonl` compared byte for byte with the run's own.
 
-    python -m fastscore.bench.lab.decoder_calls RUN_DIR SCRATCH [--data ../shared/data] [--threads 2]
+    python -m fastscore.bench.lab.decoder_calls RUN_DIR SCRATCH [--threads 2]
 
 RUN_DIR: one failure source's folder of a finished `fastscore study` run (e.g. OUT/model), left untouched; SCRATCH
 is replaced by a copy of it. The run's own config gives the environments, limit and failure source.
@@ -59,27 +59,37 @@ def _recorded(calls: list[dict], env_of: dict[str, str]):
 @click.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("scratch", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--data", "data_dir", default="../shared/data", show_default=True)
 @click.option("--threads", type=int, default=2, show_default=True)
-def main(run_dir: Path, scratch: Path, data_dir: str, threads: int) -> None:
-    from fastscore.cli.app import main as fastscore_main
+def main(run_dir: Path, scratch: Path, threads: int) -> None:
+    from fastscore.study.data.envs import env_class
+    from fastscore.study.runner import StudyConfig, run_study
     from fastscore.study.stages import decode
 
-    config = json.loads((run_dir / "config.json").read_text())
+    settings = json.loads((run_dir / "config.json").read_text())
+    if settings.get("window") is not None or settings.get("hf_path") is not None:
+        raise click.UsageError(f"{run_dir} is a sweep shard or an HF-path run: not supported")
     if scratch.exists():
         shutil.rmtree(scratch)
     shutil.copytree(run_dir, scratch)
     for name in STAGE_OUTPUTS:
         (scratch / name).unlink(missing_ok=True)
+    # The run's own settings; a run made with --max-new-tokens N has N for every environment.
+    caps = settings["max_new_tokens"]
+    own_caps = all(env_class(env).max_new_tokens == cap for env, cap in caps.items())
+    config = StudyConfig(
+        model=settings["model"], backend=settings["backend"], quant=settings["quant"], envs=tuple(settings["envs"]),
+        limit=settings["limit"], seed=settings["seed"], failures=settings["failures"], retries=settings["retries"],
+        include_end_of_turn=settings["include_end_of_turn"], out_dir=scratch, data_dir=Path(settings["data_dir"]),
+        resume=True, threads=threads, sensitivity=settings["sensitivity"],
+        max_new_tokens=None if own_caps else max(caps.values()),
+    )  # fmt: skip
     items = (json.loads(line) for line in (run_dir / "items.jsonl").read_text().splitlines() if line.strip())
     calls: list[dict] = []
     run, recording = _recorded(calls, {item["item_id"]: item["env"] for item in items})
     decode.DecoderCall.run = recording
     start = time.perf_counter()
     try:
-        fastscore_main(["study", "--env", ",".join(config["envs"]), "--failures", config["failures"],
-                        "--limit", str(config["limit"] if config["limit"] is not None else "all"), "--data", data_dir,
-                        "--threads", str(threads), "--resume", "--out", str(scratch)], standalone_mode=False)
+        run_study(config, progress=True)
     finally:
         decode.DecoderCall.run = run
     wall = time.perf_counter() - start
