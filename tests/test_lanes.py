@@ -17,7 +17,6 @@ import pytest
 
 from fastscore.backends.llamacpp_abort import abort_workers, mark_lane_thread
 from fastscore.study.runner import StudyConfig, lane_plan, run_study
-from fastscore.study.stages import decode
 from fastscore.study.stages.lanes import Lanes, as_lanes
 
 
@@ -57,24 +56,6 @@ def test_jobs_run_side_by_side_costliest_first_and_come_back_in_job_order():
     assert [result.split(" on ")[0] for _, result in got] == ["small", "big", "medium", "tiny"]
     assert set(started[:2]) == {"big", "medium"} and started[2:] == ["small", "tiny"]
     assert {result.split(" on ")[1] for _, result in got} == {"a", "b"}
-
-
-def test_a_small_stages_costliest_job_starts_first_even_when_it_comes_last():
-    """Twelve jobs (a --limit 10 greedy stage makes as many), the costliest last in job order: it starts among the
-    first two, not once the cheap ones before it are done (it then ran alone while the other lane idled)."""
-    lanes = Lanes([FakeScorer("a"), FakeScorer("b")])
-    started, lock = [], threading.Lock()
-
-    def compute(job: tuple[int, int], scorer: FakeScorer) -> int:
-        with lock:
-            started.append(job[0])
-        return job[0]
-
-    jobs = [(n, 1) for n in range(11)] + [(11, 9)]
-    got = list(lanes.ordered(jobs, compute, cost=lambda job: job[1]))
-    print("start order:", started)
-    assert [result for _, result in got] == list(range(12))
-    assert 11 in started[:2]
 
 
 def test_a_lone_job_runs_on_every_lanes_threads_and_one_lane_in_the_calling_thread():
@@ -200,19 +181,11 @@ def test_abort_workers_stops_a_long_decode_in_a_lane_thread(smollm_artefact):
         backend.close()
 
 
-def test_a_study_on_two_lanes_stores_the_rows_of_one_lane(tmp_path, study_data, monkeypatch):
+def test_a_study_on_two_lanes_stores_the_rows_of_one_lane(tmp_path, study_data):
     """The model's own failures (greedy and sampled calls per chunk) on 2 lanes of 1 thread and on 1 lane of 2."""
     base = StudyConfig(envs=("tools",), limit=2, seed=43, failures="model", data_dir=study_data, n_boot=50,
                        retries=2, threads=2)
-    runs, sampled_calls = {}, {}
-    run_call = decode.DecoderCall.run
-
-    def recorded(call, scorer):
-        if call.sampled_seed is not None:
-            sampled_calls.setdefault(lanes, []).append(sorted(call.requests))
-        return run_call(call, scorer)
-
-    monkeypatch.setattr(decode.DecoderCall, "run", recorded)
+    runs = {}
     for lanes in (1, 2):
         out = tmp_path / f"lanes-{lanes}"
         outcome = run_study(replace(base, lanes=lanes, out_dir=out))
@@ -223,7 +196,3 @@ def test_a_study_on_two_lanes_stores_the_rows_of_one_lane(tmp_path, study_data, 
         assert one == two, name
     rows = [json.loads(line) for line in (runs[2] / "scores.jsonl").read_text().splitlines()]
     assert any(row.get("sampled_k") for row in rows)  # the sampled calls ran (as jobs of their own)
-    # The chunk's samples in two calls, one item each (SAMPLED_CALLS_PER_CHUNK), whatever the lanes.
-    print("sampled calls' items:", sampled_calls)
-    assert sorted(sampled_calls[1]) == sorted(sampled_calls[2])
-    assert [len(items) for items in sampled_calls[2]] == [1, 1]

@@ -40,11 +40,6 @@ from fastscore.study.stages import errored_at, store_results
 from fastscore.study.stages.store import StudyStore
 
 ITEMS_PER_GREEDY_CALL = 8  # x up to 7 distinct contexts decoded side by side (the scorer keeps up to 32 live)
-# A chunk's samples go in this many calls, its items split in halves: the sampled calls are the stage's largest (8
-# items x 6 contexts x k = 2: 96 requests, up to 300 tokens each on MBPP), and halves let two lanes share them where
-# an environment has one or two chunks (--limit 5, 10). Set by the items alone, never by the lanes: on a
-# batch-dependent type what shares a call moves its rows, and they must not depend on --lanes.
-SAMPLED_CALLS_PER_CHUNK = 2
 RETRY_CONDITION = "clean_retry"
 RETRY_TEMPERATURE = 1.0
 # Where on-policy items are sampled: every record (after, success, neutral, description, dont_repeat) and the clean
@@ -166,14 +161,14 @@ class ChunkPlan:
     decoded: dict[str, set[str]]  # item -> conditions decoded (not read off the argmax chain or the attempt)
     attempts: dict[str, GreedyResult | None]
     greedy_call: DecoderCall | None
-    sampled_calls: tuple[DecoderCall, ...]
+    sampled_call: DecoderCall | None
     retries: int
     failed: dict[str, Exception] = field(default_factory=dict)
     # on-policy item -> condition -> its k sampled completions
     sampled: dict[str, dict[str, list[GreedyResult]]] = field(default_factory=dict)
 
     def calls(self) -> list[DecoderCall]:
-        return [call for call in (self.greedy_call, *self.sampled_calls) if call is not None]
+        return [call for call in (self.greedy_call, self.sampled_call) if call is not None]
 
     def take(self, call: DecoderCall, ok: dict[str, list[GreedyResult]], failed: dict[str, Exception]) -> None:
         """A finished call's results. An item that failed in the greedy call is not judged on its samples."""
@@ -215,12 +210,9 @@ def _plan_chunk(members: list[Item], lp, tokenizer, env: StudyEnv, cap: int, pla
     # decoder's batches instead of each budget rebuilding the decoder for a few contexts.
     greedy = {i: reqs for i, reqs in to_decode.items() if reqs}
     sampled = _sample_requests(members, contexts, budgets, env, plan, tokenizer) if plan.retries else {}
-    sampled_items = list(sampled)
-    part = -(-len(sampled_items) // SAMPLED_CALLS_PER_CHUNK) or 1
-    sampled_calls = tuple(DecoderCall({i: sampled[i] for i in sampled_items[lo : lo + part]}, cap,
-                                      sampled_seed=plan.seed) for lo in range(0, len(sampled_items), part))
     return ChunkPlan(env, members, stands_for, results, decoded, attempts,
-                     DecoderCall(greedy, cap) if greedy else None, sampled_calls, plan.retries)
+                     DecoderCall(greedy, cap) if greedy else None,
+                     DecoderCall(sampled, cap, sampled_seed=plan.seed) if sampled else None, plan.retries)
 
 
 def sample_request_id(item_id: str, condition: str, k: int) -> str:

@@ -80,9 +80,7 @@ class Lanes:
             finally:
                 free.put(scorer)
 
-        # Wide enough that a small stage's calls (--limit 5 or 10: up to 8) all start costliest first: with 6, the
-        # largest call of such a stage sat last in job order, started when the others were done and ran alone.
-        window = 4 * len(self.scorers) + 4
+        window = 2 * len(self.scorers) + 2
         futures: dict[int, Future] = {}
         with ThreadPoolExecutor(max_workers=len(self.scorers), thread_name_prefix="lane") as pool, \
                 _stop_workers_on_exit(pool, futures):
