@@ -11,21 +11,25 @@ def test_a_draft_is_what_followed_the_latest_earlier_occurrence_of_the_longest_t
     assert lookup_draft([1, 2, 3, 4], k=2) == []
 
 
-def test_drafted_steps_count_the_steps_that_choose_every_token():
-    context, completion = [10, 11, 12, 13, 14, 15], [10, 11, 12, 13, 14, 15]
-    # No drafts: one step per token. The completion copies the context: the first token from the prefill, then each
-    # step keeps its k drafts and the token its last row chooses.
-    assert drafted_steps(context, completion, 6, k=0) == 6
-    assert drafted_steps(context, completion, 6, k=2) == 1 + 2  # tokens 1 | 2 3 4 | 5 6 (7 would be past the end)
-    assert drafted_steps(context, [20, 21, 22], 3, k=4) == 3  # nothing to look up: one token per step
+def test_drafted_steps_count_the_steps_after_the_prefills_token():
+    context = [10, 11, 12, 13, 14, 15]
+    # No drafts: one step per token after the first, which the prefill's logits give.
+    assert drafted_steps(context, context, 6, k=0) == 5
+    # The completion copies its context: each step keeps its k drafts and the token its last row chooses:
+    # 10 (prefill) | 11 12 13 | 14 15 (and a 7th the budget does not take).
+    assert drafted_steps(context, context, 6, k=2) == 2
+    assert drafted_steps(context, [20, 21, 22], 3, k=4) == 2  # nothing to look up: one token per step
+    # A draft rejected partway: 10 (prefill) | 11 (drafted 11 12; 12 rejected) 99 (the row's choice) | the stop token
+    # (chosen = the completion's 3 tokens and the stop token).
+    assert drafted_steps([10, 11, 12, 13], [10, 11, 99], 4, k=2) == 2
 
 
 def test_cells_attended_follow_the_longest_live_stream():
-    # Two requests live together: 64-cell and 10-cell contexts, 2 tokens each; every row attends 128 cells once the
-    # longer stream passes 64.
-    rows, attended, needed = cells_attended([64, 10], [2, 2], [0, 1])
-    assert rows == 4
-    assert attended == 2 * 128 + 2 * 128
-    assert needed == (65 + 11) + (66 + 12)
-    # One slot: each request alone, its own cells padded to 64.
-    assert cells_attended([64, 10], [2, 2], [0, 1], width=1) == (4, 128 + 128 + 64 + 64, 65 + 66 + 11 + 12)
+    # Two requests live together: 64- and 10-token contexts, 2 tokens each (the first from the prefill), so one
+    # step, whose rows both attend 128 cells (65 padded to 64s) while they need 65 and 11.
+    assert cells_attended([64, 10], [2, 2], [0, 1]) == (1 * 2, 2 * 128, 65 + 11)
+    # One slot: the first alone (one step over 65 cells), then the second joins, feeding its last context token
+    # (10 cells) and then its first (11): three rows.
+    assert cells_attended([64, 10], [2, 2], [0, 1], width=1) == (3, 128 + 64 + 64, 65 + 10 + 11)
+    # A request whose first token (from the prefill) was its stop token takes no step.
+    assert cells_attended([64, 10], [1, 2], [0, 1]) == (1, 64, 11)

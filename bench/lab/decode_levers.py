@@ -19,6 +19,7 @@ recorded; then both levers are simulated on exactly those tokens, nothing timed:
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -43,14 +44,11 @@ def lookup_draft(tokens: Sequence[int], k: int, longest_ngram: int = 3) -> list[
 
 
 def drafted_steps(context: Sequence[int], completion: Sequence[int], chosen: int, k: int) -> int:
-    """Sequence-steps to choose `chosen` tokens (the completion's, plus its stop token if it chose one) with k
-    drafted tokens per step; the first token comes from the prefill, as without drafts."""
-    steps, done = 0, 0
+    """Decoder steps one sequence takes to choose `chosen` tokens (the completion's, plus its stop token if it chose
+    one) with k drafted tokens per step; the first token comes from the prefill, as without drafts."""
+    steps, done = 0, 1  # the first token comes from the prefill's logits
     while done < chosen:
         steps += 1
-        if k == 0 or done == 0:
-            done += 1
-            continue
         draft = lookup_draft(list(context) + list(completion[:done]), k)
         kept = 0
         while kept < len(draft) and done + kept < len(completion) and completion[done + kept] == draft[kept]:
@@ -63,73 +61,151 @@ def cells_attended(lengths: Sequence[int], chosen: Sequence[int], order: Sequenc
                    width: int = WIDTH) -> tuple[int, int, int]:
     """(rows, cells attended, cells needed) of a refilled call: at most `width` live, a finished request's slot
     taken at once by the next in `order`, every live row attending the longest live stream's cells, padded."""
-    waiting, live = deque(order), {}
+    # done: tokens chosen so far. The first `width` start with the prefill's token; a request joining later feeds its
+    # last context token in its first step. Either way a step's row attends `lengths + done` cells of its own.
+    waiting = deque(order)
+    live = {waiting.popleft(): 1 for _ in range(min(width, len(order)))}
     rows = attended = needed = 0
-    while waiting or live:
+    while True:
+        live = {i: done for i, done in live.items() if done < chosen[i]}  # finished: its slot is free at once
         while waiting and len(live) < width:
             live[waiting.popleft()] = 0
-        used = [lengths[i] + done + 1 for i, done in live.items()]
+        if not live:
+            break
+        used = [lengths[i] + done for i, done in live.items()]
         longest = -(-max(used) // CELL_PAD) * CELL_PAD
         rows += len(used)
         attended += longest * len(used)
         needed += sum(used)
-        for i in list(live):
-            live[i] += 1
-            if live[i] >= chosen[i]:
-                del live[i]
+        live = {i: done + 1 for i, done in live.items()}
     return rows, attended, needed
 
 
+def time_drafted_steps(scorer, contexts: Sequence[Sequence[int]], ks: Sequence[int], steps: int) -> dict[int, float]:
+    """{k: median seconds of one decoder step feeding each context 1 + k tokens}, on the backend's own stream decoder
+    (one KV stream per context, one micro-batch per step, every row's logits returned, as a drafted step needs).
+    After each step the stream keeps one of its new tokens (cells beyond are removed, as rejected drafts would be),
+    so every k runs at the same positions."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    from fastscore.engine.plan import Batch
+
+    reserve = steps * (1 + max(ks)) + 1
+    decoder = scorer.backend.decoder(reserve)
+    out: dict[int, float] = {}
+    with decoder:
+        decoder.reserve_slots(len(contexts), max(len(c) for c in contexts) + reserve)
+        decoder.start([list(c) for c in contexts])
+        stream, lib = decoder.groups[0], scorer.backend._L
+        seqs = [stream.stream_of[i] for i in range(len(contexts))]
+        order = sorted(range(len(contexts)), key=seqs.__getitem__)  # ascending streams: one micro-batch
+        for k in ks:
+            times = []
+            for _ in range(steps):
+                width = 1 + k
+                tokens = np.concatenate([np.asarray(contexts[i][-width:], dtype=np.int32) for i in order])
+                positions = np.concatenate([np.arange(decoder.next_pos[i], decoder.next_pos[i] + width,
+                                                      dtype=np.int32) for i in order])
+                runs = tuple((n * width, (n + 1) * width, np.array([seqs[i]], dtype=np.int32))
+                             for n, i in enumerate(order))
+                batch = Batch(tokens=tokens, positions=positions, outputs=np.ones(len(tokens), dtype=bool),
+                              runs=runs, n_seqs=len(contexts))
+                start = time.perf_counter()
+                stream.cache.forward(batch)
+                times.append(time.perf_counter() - start)
+                for i in order:
+                    decoder.next_pos[i] += 1
+                    lib.llama_memory_seq_rm(stream.memory, seqs[i], decoder.next_pos[i], -1)
+            out[k] = statistics.median(times)
+    return out
+
+
 def _recorded_calls(calls: list[dict]):
-    """fastscore.scorer.greedy_decode wrapped to append each call's contexts, completions and temperature."""
+    """A switch for fastscore.scorer.greedy_decode wrapped to append each call's environment, contexts, completions
+    and budgets (the sequences it ran: not the ban twins that never left the context they followed)."""
     import fastscore.scorer as scorer_module
+    from fastscore.decode import followers
+    from fastscore.study.stages import decode as stage
 
     lock, decode = threading.Lock(), scorer_module.greedy_decode
+    current = threading.local()  # the environment of the study's call this lane thread is running
+    run_call = stage.DecoderCall.run
+
+    def run_noting_env(call, scorer):
+        current.env = re.match(r"[a-z]+", next(iter(call.requests))).group(0)
+        return run_call(call, scorer)
 
     def recording(decoder, contexts, **kw):
         out = decode(decoder, contexts, **kw)
         budgets = kw["max_new_tokens"]
+        budgets = [budgets] * len(out) if isinstance(budgets, int) else list(budgets)
+        sampled = kw.get("temperature", 0.0) > 0
+        # A greedy context that repeats an earlier one under another ban follows it and runs no sequence of its own
+        # while they write the same tokens (the study's `ban` follows `after`): left out where it never parted.
+        rules = kw.get("action_done") or [None] * len(out)
+        following = {} if sampled or kw.get("width") is None else followers(contexts, budgets, rules)
+        own = [i for i in range(len(out)) if i not in following or out[i].token_ids != out[following[i]].token_ids]
         with lock:
-            calls.append({"contexts": [list(c) for c in contexts], "sampled": kw.get("temperature", 0.0) > 0,
-                          "completions": [list(d.token_ids) for d in out],
-                          "chosen": [max(1, len(d.token_ids) + (d.stopped_by == "end_of_turn")) for d in out],
-                          "budgets": [budgets] * len(out) if isinstance(budgets, int) else list(budgets)})
+            calls.append({"contexts": [list(contexts[i]) for i in own], "sampled": sampled,
+                          "completions": [list(out[i].token_ids) for i in own],
+                          "chosen": [len(out[i].token_ids) + (out[i].stopped_by == "end_of_turn") for i in own],
+                          "budgets": [budgets[i] for i in own], "followers": len(out) - len(own),
+                          "env": getattr(current, "env", "")})
         return out
 
-    return scorer_module, decode, recording
+    def patch(on: bool) -> None:
+        scorer_module.greedy_decode = recording if on else decode
+        stage.DecoderCall.run = run_noting_env if on else run_call
+
+    return patch
 
 
 @click.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("scratch", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--threads", type=int, default=2, show_default=True)
-def main(run_dir: Path, scratch: Path, threads: int) -> None:
+@click.option("--time-steps", type=int, default=0, show_default=True,
+              help="Also time this many decoder steps per k: the first 32 contexts of the sampled call that chose the "
+                   "most tokens, each fed "
+                   "1 + k tokens a step (0: do not time).")
+def main(run_dir: Path, scratch: Path, threads: int, time_steps: int) -> None:
     from fastscore.bench.lab import decoder_calls
 
     calls: list[dict] = []
-    module, decode, recording = _recorded_calls(calls)
-    module.greedy_decode = recording
+    patch = _recorded_calls(calls)
+    patch(True)
     try:
         decoder_calls.main([str(run_dir), str(scratch), "--threads", str(threads)], standalone_mode=False)
     finally:
-        module.greedy_decode = decode
+        patch(False)
 
-    click.echo("\n**Drafts** (prompt lookup, n-gram <= 3; k drafted tokens per sequence and step)\n")
-    click.echo("| completions | k | tokens kept | sequence-steps | tokens per sequence-step | rows per token kept |")
+    tokens_per_step: dict[tuple[bool, int], float] = {}
+    click.echo("\n**Drafts** (prompt lookup, n-gram <= 3; k drafted tokens per sequence and step; tokens chosen in "
+               "steps: each sequence's first token, from the prefill, not counted; stop tokens counted)\n")
+    click.echo("| sequences | k | tokens chosen in steps | sequence-steps | tokens per sequence-step | "
+               "rows per token |")
     click.echo("|---|---|---|---|---|---|")
     for sampled in (False, True):
         mine = [c for c in calls if c["sampled"] == sampled]
         if not mine:
             continue
         pairs = [(ctx, out, n) for c in mine for ctx, out, n in zip(c["contexts"], c["completions"], c["chosen"])]
-        kept = sum(n for _, _, n in pairs)
+        stepped = sum(n - 1 for _, _, n in pairs)
         for k in (0, 1, 2, 3, 4, 8):
             steps = sum(drafted_steps(ctx, out, n, k) for ctx, out, n in pairs)
-            click.echo(f"| {'sampled' if sampled else 'greedy'} ({len(pairs)}) | {k} | {kept:,} | {steps:,} | "
-                       f"{kept / steps:.2f} | {steps * (1 + k) / kept:.2f} |")
+            tokens_per_step[sampled, k] = stepped / steps
+            click.echo(f"| {'sampled' if sampled else 'greedy'} ({len(pairs)}) | {k} | {stepped:,} | {steps:,} | "
+                       f"{stepped / steps:.2f} | {steps * (1 + k) / stepped:.2f} |")
 
-    click.echo("\n**Cells attended per row** (refilled calls of more than one request)\n")
-    click.echo("| call | requests | order | rows | cells attended per row | needed | masked share |")
+    if time_steps:
+        _print_step_times(run_dir, calls, threads, time_steps, tokens_per_step)
+
+    click.echo(f"\n**Cells attended per row** (calls of more than one sequence; at most {WIDTH} live)\n")
+    click.echo("| call | sequences (ban twins that never parted, left out) | order | rows | cells attended per row | "
+               "needed | masked share |")
     click.echo("|---|---|---|---|---|---|---|")
     for n, call in enumerate(calls):
         lengths, chosen, budgets = [len(c) for c in call["contexts"]], call["chosen"], call["budgets"]
@@ -141,8 +217,37 @@ def main(run_dir: Path, scratch: Path, threads: int) -> None:
                   "longest context first": sorted(range(size), key=lambda i: -lengths[i])}
         for name, order in orders.items():
             rows, attended, needed = cells_attended(lengths, chosen, order)
-            click.echo(f"| {n} {'sampled' if call['sampled'] else 'greedy'} | {size} | {name} | {rows:,} | "
+            kind = "sampled" if call["sampled"] else "greedy"
+            click.echo(f"| {n} {call['env']} {kind} | {size} ({call['followers']}) | {name} | {rows:,} | "
                        f"{attended / rows:.0f} | {needed / rows:.0f} | {1 - needed / attended:.2f} |")
+
+
+def _print_step_times(run_dir: Path, calls: list[dict], threads: int, steps: int,
+                      tokens_per_step: dict[tuple[bool, int], float]) -> None:
+    import json
+
+    from fastscore.selection import ModelSelection
+
+    settings = json.loads((run_dir / "config.json").read_text())
+    largest = max((c for c in calls if c["sampled"]), key=lambda c: sum(c["chosen"]))  # the most tokens
+    contexts = largest["contexts"][:WIDTH]
+    ks = (0, 1, 2, 3, 4)
+    selection = ModelSelection.resolve(settings["model"], settings["backend"], settings["quant"], threads=threads)
+    with selection.open() as scorer:
+        seconds = time_drafted_steps(scorer, contexts, ks, steps)
+    mean = sum(len(c) for c in contexts) / len(contexts)
+    click.echo(f"\n**Drafted steps timed** (the first {len(contexts)} contexts of the sampled call that chose the most "
+               f"tokens, {largest['env']}: {mean:.0f} tokens on average; {threads} "
+               f"threads, median of {steps} steps; per token: the step over its contexts times the tokens per "
+               "sequence-step simulated above)\n")
+    click.echo("| k | rows per step | ms per step | ms per row | greedy: ms per token | sampled: ms per token |")
+    click.echo("|---|---|---|---|---|---|")
+    n = len(contexts)
+    for k in ks:
+        ms = seconds[k] * 1000
+        greedy, sampled = (ms / (n * tokens_per_step[kind, k]) if (kind, k) in tokens_per_step else float("nan")
+                           for kind in (False, True))
+        click.echo(f"| {k} | {n * (1 + k)} | {ms:.1f} | {ms / (n * (1 + k)):.2f} | {greedy:.2f} | {sampled:.2f} |")
 
 
 if __name__ == "__main__":
