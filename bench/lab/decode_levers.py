@@ -1,11 +1,11 @@
 """Two decoding levers judged on the study's own decoder calls before building them: drafts looked up in the context
 (prompt-lookup speculative decoding) and ordering a call's requests by length (the attention's masked cells).
 
-    python -m fastscore.bench.lab.decode_levers RUN_DIR SCRATCH [--threads 2]
+    python -m fastscore.bench.lab.decode_levers RUN_DIR SCRATCH [--threads 2] [--time-steps 8]
 
 RUN_DIR: one failure source's folder of a finished `fastscore study` run (e.g. OUT/model), left untouched. Its greedy
 stage runs again on a copy in SCRATCH (as `decoder_calls` does), every decoder call's contexts and completions
-recorded; then both levers are simulated on exactly those tokens, nothing timed:
+recorded; then both levers are simulated on exactly those tokens (`--time-steps` also times drafted steps):
 
 - **Drafts.** Each step a live sequence is fed its token plus k drafted ones, the k tokens that followed the latest
   earlier occurrence of its last n tokens (n = 3, 2, 1) in its context and completion so far; the step's rows accept
@@ -19,7 +19,7 @@ recorded; then both levers are simulated on exactly those tokens, nothing timed:
 
 from __future__ import annotations
 
-import re
+import json
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -45,7 +45,9 @@ def lookup_draft(tokens: Sequence[int], k: int, longest_ngram: int = 3) -> list[
 
 def drafted_steps(context: Sequence[int], completion: Sequence[int], chosen: int, k: int) -> int:
     """Decoder steps one sequence takes to choose `chosen` tokens (the completion's, plus its stop token if it chose
-    one) with k drafted tokens per step; the first token comes from the prefill, as without drafts."""
+    one) with k drafted tokens per step; the first token comes from the prefill, as without drafts. (A sequence that
+    joins a refilled call takes its first token from a step, which could carry drafts too: left out on both sides of
+    the ratio, so tokens per step are barely moved.)"""
     steps, done = 0, 1  # the first token comes from the prefill's logits
     while done < chosen:
         steps += 1
@@ -84,8 +86,8 @@ def cells_attended(lengths: Sequence[int], chosen: Sequence[int], order: Sequenc
 def time_drafted_steps(scorer, contexts: Sequence[Sequence[int]], ks: Sequence[int], steps: int) -> dict[int, float]:
     """{k: median seconds of one decoder step feeding each context 1 + k tokens}, on the backend's own stream decoder
     (one KV stream per context, one micro-batch per step, every row's logits returned, as a drafted step needs).
-    After each step the stream keeps one of its new tokens (cells beyond are removed, as rejected drafts would be),
-    so every k runs at the same positions."""
+    Each step's cells are removed after it, so every step of every k runs at the same positions (right after the
+    contexts) and attends the same cells."""
     import statistics
     import time
 
@@ -93,7 +95,7 @@ def time_drafted_steps(scorer, contexts: Sequence[Sequence[int]], ks: Sequence[i
 
     from fastscore.engine.plan import Batch
 
-    reserve = steps * (1 + max(ks)) + 1
+    reserve = 1 + max(ks)
     decoder = scorer.backend.decoder(reserve)
     out: dict[int, float] = {}
     with decoder:
@@ -113,19 +115,21 @@ def time_drafted_steps(scorer, contexts: Sequence[Sequence[int]], ks: Sequence[i
                              for n, i in enumerate(order))
                 batch = Batch(tokens=tokens, positions=positions, outputs=np.ones(len(tokens), dtype=bool),
                               runs=runs, n_seqs=len(contexts))
+                if len(tokens) > stream.n_batch:
+                    raise click.UsageError(f"{len(tokens)} tokens a step exceed the decoder's batch of {stream.n_batch}")
                 start = time.perf_counter()
                 stream.cache.forward(batch)
                 times.append(time.perf_counter() - start)
                 for i in order:
-                    decoder.next_pos[i] += 1
                     lib.llama_memory_seq_rm(stream.memory, seqs[i], decoder.next_pos[i], -1)
             out[k] = statistics.median(times)
     return out
 
 
-def _recorded_calls(calls: list[dict]):
+def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
     """A switch for fastscore.scorer.greedy_decode wrapped to append each call's environment, contexts, completions
-    and budgets (the sequences it ran: not the ban twins that never left the context they followed)."""
+    and budgets (the sequences it ran: not the ban twins that never left the context they followed); `env_of`:
+    item id -> environment (a study call holds one environment's items)."""
     import fastscore.scorer as scorer_module
     from fastscore.decode import followers
     from fastscore.study.stages import decode as stage
@@ -135,8 +139,11 @@ def _recorded_calls(calls: list[dict]):
     run_call = stage.DecoderCall.run
 
     def run_noting_env(call, scorer):
-        current.env = re.match(r"[a-z]+", next(iter(call.requests))).group(0)
-        return run_call(call, scorer)
+        current.env = env_of[next(iter(call.requests))]
+        try:
+            return run_call(call, scorer)
+        finally:
+            current.env = ""
 
     def recording(decoder, contexts, **kw):
         out = decode(decoder, contexts, **kw)
@@ -144,9 +151,12 @@ def _recorded_calls(calls: list[dict]):
         budgets = [budgets] * len(out) if isinstance(budgets, int) else list(budgets)
         sampled = kw.get("temperature", 0.0) > 0
         # A greedy context that repeats an earlier one under another ban follows it and runs no sequence of its own
-        # while they write the same tokens (the study's `ban` follows `after`): left out where it never parted.
+        # while they write the same tokens (the study's `ban` follows `after`): left out where it never parted. One
+        # that parted is kept whole, as if it ran from its start: its steps before parting are over-counted (rare
+        # in the study, where 80-100% of `ban` completions never part from `after`'s).
         rules = kw.get("action_done") or [None] * len(out)
-        following = {} if sampled or kw.get("width") is None else followers(contexts, budgets, rules)
+        refilling = kw.get("width") is not None and decoder.refills
+        following = followers(contexts, budgets, rules) if refilling and not sampled else {}
         own = [i for i in range(len(out)) if i not in following or out[i].token_ids != out[following[i]].token_ids]
         with lock:
             calls.append({"contexts": [list(contexts[i]) for i in own], "sampled": sampled,
@@ -174,8 +184,9 @@ def _recorded_calls(calls: list[dict]):
 def main(run_dir: Path, scratch: Path, threads: int, time_steps: int) -> None:
     from fastscore.bench.lab import decoder_calls
 
+    items = (json.loads(line) for line in (run_dir / "items.jsonl").read_text().splitlines() if line.strip())
     calls: list[dict] = []
-    patch = _recorded_calls(calls)
+    patch = _recorded_calls(calls, {item["item_id"]: item["env"] for item in items})
     patch(True)
     try:
         decoder_calls.main([str(run_dir), str(scratch), "--threads", str(threads)], standalone_mode=False)
@@ -224,12 +235,14 @@ def main(run_dir: Path, scratch: Path, threads: int, time_steps: int) -> None:
 
 def _print_step_times(run_dir: Path, calls: list[dict], threads: int, steps: int,
                       tokens_per_step: dict[tuple[bool, int], float]) -> None:
-    import json
-
     from fastscore.selection import ModelSelection
 
     settings = json.loads((run_dir / "config.json").read_text())
-    largest = max((c for c in calls if c["sampled"]), key=lambda c: sum(c["chosen"]))  # the most tokens
+    sampled_calls = [c for c in calls if c["sampled"]]
+    if not sampled_calls:
+        click.echo("\nNo sampled call to time (a seeded run?): --time-steps needs an on-policy run's folder.")
+        return
+    largest = max(sampled_calls, key=lambda c: sum(c["chosen"]))  # the most tokens
     contexts = largest["contexts"][:WIDTH]
     ks = (0, 1, 2, 3, 4)
     selection = ModelSelection.resolve(settings["model"], settings["backend"], settings["quant"], threads=threads)
@@ -238,9 +251,10 @@ def _print_step_times(run_dir: Path, calls: list[dict], threads: int, steps: int
     mean = sum(len(c) for c in contexts) / len(contexts)
     click.echo(f"\n**Drafted steps timed** (the first {len(contexts)} contexts of the sampled call that chose the most "
                f"tokens, {largest['env']}: {mean:.0f} tokens on average; {threads} "
-               f"threads, median of {steps} steps; per token: the step over its contexts times the tokens per "
-               "sequence-step simulated above)\n")
-    click.echo("| k | rows per step | ms per step | ms per row | greedy: ms per token | sampled: ms per token |")
+               f"threads, median of {steps} steps; per token: estimated, the timed step over its contexts times the "
+               "tokens per sequence-step simulated above)\n")
+    click.echo("| k | rows per step | ms per step | ms per row | greedy: ms per token (estimated) | "
+               "sampled: ms per token (estimated) |")
     click.echo("|---|---|---|---|---|---|")
     n = len(contexts)
     for k in ks:
