@@ -105,18 +105,17 @@ def time_drafted_steps(scorer, contexts: Sequence[Sequence[int]], ks: Sequence[i
         seqs = [stream.stream_of[i] for i in range(len(contexts))]
         order = sorted(range(len(contexts)), key=seqs.__getitem__)  # ascending streams: one micro-batch
         for k in ks:
+            width = 1 + k  # every step of this k feeds the same tokens at the same positions
+            tokens = np.concatenate([np.asarray(contexts[i][-width:], dtype=np.int32) for i in order])
+            positions = np.concatenate([np.arange(decoder.next_pos[i], decoder.next_pos[i] + width, dtype=np.int32)
+                                        for i in order])
+            runs = tuple((n * width, (n + 1) * width, np.array([seqs[i]], dtype=np.int32)) for n, i in enumerate(order))
+            batch = Batch(tokens=tokens, positions=positions, outputs=np.ones(len(tokens), dtype=bool), runs=runs,
+                          n_seqs=len(contexts))
+            if len(tokens) > stream.n_batch:
+                raise click.UsageError(f"{len(tokens)} tokens a step exceed the decoder's batch of {stream.n_batch}")
             times = []
             for _ in range(steps):
-                width = 1 + k
-                tokens = np.concatenate([np.asarray(contexts[i][-width:], dtype=np.int32) for i in order])
-                positions = np.concatenate([np.arange(decoder.next_pos[i], decoder.next_pos[i] + width,
-                                                      dtype=np.int32) for i in order])
-                runs = tuple((n * width, (n + 1) * width, np.array([seqs[i]], dtype=np.int32))
-                             for n, i in enumerate(order))
-                batch = Batch(tokens=tokens, positions=positions, outputs=np.ones(len(tokens), dtype=bool),
-                              runs=runs, n_seqs=len(contexts))
-                if len(tokens) > stream.n_batch:
-                    raise click.UsageError(f"{len(tokens)} tokens a step exceed the decoder's batch of {stream.n_batch}")
                 start = time.perf_counter()
                 stream.cache.forward(batch)
                 times.append(time.perf_counter() - start)
@@ -179,14 +178,12 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
 @click.option("--threads", type=int, default=2, show_default=True)
 @click.option("--time-steps", type=int, default=0, show_default=True,
               help="Also time this many decoder steps per k: the first 32 contexts of the sampled call that chose the "
-                   "most tokens, each fed "
-                   "1 + k tokens a step (0: do not time).")
+                   "most tokens, each fed 1 + k tokens a step (0: do not time).")
 def main(run_dir: Path, scratch: Path, threads: int, time_steps: int) -> None:
     from fastscore.bench.lab import decoder_calls
 
-    items = (json.loads(line) for line in (run_dir / "items.jsonl").read_text().splitlines() if line.strip())
     calls: list[dict] = []
-    patch = _recorded_calls(calls, {item["item_id"]: item["env"] for item in items})
+    patch = _recorded_calls(calls, decoder_calls.item_envs(run_dir))
     patch(True)
     try:
         decoder_calls.main([str(run_dir), str(scratch), "--threads", str(threads)], standalone_mode=False)

@@ -36,6 +36,12 @@ def tally(calls: Iterable[dict]) -> dict[str, dict[str, float]]:
     return dict(sorted(out.items()))
 
 
+def item_envs(run_dir: Path) -> dict[str, str]:
+    """Item id -> environment, from a study run folder's items.jsonl."""
+    items = (json.loads(line) for line in (run_dir / "items.jsonl").read_text().splitlines() if line.strip())
+    return {item["item_id"]: item["env"] for item in items}
+
+
 def _recorded(calls: list[dict], env_of: dict[str, str]):
     """DecoderCall.run wrapped to append each finished call's figures to `calls` (lanes run calls in threads);
     `env_of`: item id -> environment (a call holds one environment's items)."""
@@ -83,9 +89,8 @@ def main(run_dir: Path, scratch: Path, threads: int) -> None:
         resume=True, threads=threads, sensitivity=settings["sensitivity"],
         max_new_tokens=None if own_caps else max(caps.values()),
     )  # fmt: skip
-    items = (json.loads(line) for line in (run_dir / "items.jsonl").read_text().splitlines() if line.strip())
     calls: list[dict] = []
-    run, recording = _recorded(calls, {item["item_id"]: item["env"] for item in items})
+    run, recording = _recorded(calls, item_envs(run_dir))
     decode.DecoderCall.run = recording
     start = time.perf_counter()
     try:
