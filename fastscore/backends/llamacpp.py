@@ -23,7 +23,6 @@ from fastscore.backends.llamacpp_batch import (
     LlamaCache,
     new_context,
 )
-from fastscore.backends.llamacpp_pool import StreamContextPool
 from fastscore.backends.llamacpp_streams import StreamDecoder, kv_bytes_per_cell
 from fastscore.deps import require
 from fastscore.errors import ArtefactUnavailableError, ModelLoadError, SettingsError, TokenizationError
@@ -83,7 +82,6 @@ class LlamaCppBackend(KVCacheBackend):
         super().__init__(Path(path), n_threads, options.max_group_tokens, progress, options.max_decode_tokens)
         self.options = options
         self._model = self._ctx = self._buffer = None
-        self.stream_contexts: StreamContextPool | None = None
         self._decoders: weakref.WeakSet = weakref.WeakSet()
         _check_gguf(self.path)
         module = llama_module()  # initialises llama.cpp's backend and routes its log, whatever wraps the module
@@ -111,7 +109,6 @@ class LlamaCppBackend(KVCacheBackend):
             self._ctx = new_context(L, self._model, self.n_ctx, self.n_ctx, self.settings)
         self._buffer = BatchBuffer(L, self.n_ctx, self.n_seq_max)
         self._cache = LlamaCache(L, self._ctx, self._buffer, self.n_vocab, owns_ctx=False)
-        self.stream_contexts = StreamContextPool(L, self._model, self.max_stream_cells())
         log.info("llama.cpp: %s, n_ctx=%d (trained %d), n_vocab=%d, %d threads, flash_attn=%s (decoding %s), kv=%s",
                  self.describe(), self.n_ctx, self.n_ctx_train, self.n_vocab, self.settings.n_threads,
                  options.flash_attn, options.decode_flash_attn, options.kv_type)
@@ -178,12 +175,10 @@ class LlamaCppBackend(KVCacheBackend):
 
     def _release(self) -> None:
         for decoder in list(self._decoders):
-            decoder.close()  # hands its contexts back to the pool, closed next
+            decoder.close()
         L = getattr(self, "_L", None)
         if L is None:
             return
-        if self.stream_contexts is not None:
-            self.stream_contexts.close()
         if self._buffer is not None:
             self._buffer.free()
             self._buffer = None

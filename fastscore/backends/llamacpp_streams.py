@@ -29,8 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastscore.backends.kvcache import GroupedDecoder, MeteredCache
-from fastscore.backends.llamacpp_batch import ContextSettings, LlamaCache
-from fastscore.backends.llamacpp_pool import StreamContext
+from fastscore.backends.llamacpp_batch import ContextSettings, LlamaCache, new_context
 from fastscore.backends.options import KV_CACHE_TYPES
 from fastscore.engine.plan import Batch, step_batch
 from fastscore.engine.trie import Node, Trie
@@ -99,9 +98,8 @@ def _meta(L, model, key: str) -> str:
 class _Stream:
     """One group's llama context, its KV memory and which stream each still-decoding member occupies."""
 
-    def __init__(self, cache, context: StreamContext, memory, group: StreamGroup, n_batch: int,
-                 n_streams: int) -> None:
-        self.cache, self.context, self.memory, self.group, self.n_batch = cache, context, memory, group, n_batch
+    def __init__(self, cache, memory, group: StreamGroup, n_batch: int, n_streams: int) -> None:
+        self.cache, self.memory, self.group, self.n_batch = cache, memory, group, n_batch
         self.n_streams = n_streams
         self.stream_of = {member: k for k, member in enumerate(group.members)}
         self.held: dict[int, list[int]] = {}  # stream -> the tokens whose K/V it holds at positions 0, 1, ...
@@ -160,11 +158,10 @@ class StreamDecoder(GroupedDecoder):
         backend, L = self.backend, self.backend._L
         settings: ContextSettings = backend.decode_stream_settings(n_streams)
         n_batch = settings.n_ubatch  # at least one token per stream: a step is one micro-batch
-        # The backend's pool may hand back a larger context of an earlier call: the same results (its module doc).
-        context = backend.stream_contexts.take(n_streams, group.cells, settings)
-        cache = MeteredCache(LlamaCache(L, context.ctx, backend._buffer, self.n_vocab, owns_ctx=False), backend)
+        ctx = new_context(L, backend._model, group.cells * n_streams, n_batch, settings, unified=False)
+        cache = MeteredCache(LlamaCache(L, ctx, backend._buffer, self.n_vocab, owns_ctx=True), backend)
         cache.clear()
-        return _Stream(cache, context, L.llama_get_memory(context.ctx), group, n_batch, n_streams)
+        return _Stream(cache, L.llama_get_memory(ctx), group, n_batch, n_streams)
 
     def _prefill(self, stream: _Stream, contexts: Sequence[Sequence[int]], out: np.ndarray) -> None:
         """Every trie node once, in the stream of the first context below it (members are in trie order, so that is
@@ -288,7 +285,6 @@ class StreamDecoder(GroupedDecoder):
     def close(self) -> None:
         for stream in self.groups:
             stream.cache.close()
-            self.backend.stream_contexts.give_back(stream.context)
         self.groups, self.group_of = [], []
 
 
