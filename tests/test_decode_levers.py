@@ -33,3 +33,34 @@ def test_cells_attended_follow_the_longest_live_stream():
     assert cells_attended([64, 10], [2, 2], [0, 1], width=1) == (3, 128 + 64 + 64, 65 + 10 + 11)
     # A request whose first token (from the prefill) was its stop token takes no step.
     assert cells_attended([64, 10], [1, 2], [0, 1]) == (1, 64, 11)
+
+
+def test_a_steps_cost_is_fitted_to_a_fixed_part_and_a_part_per_row():
+    from fastscore.bench.lab.step_widths import fit_step_cost
+
+    a, b = fit_step_cost([1, 4, 10, 32], [0.05 + 0.007 * r for r in (1, 4, 10, 32)])
+    assert abs(a - 0.05) < 1e-12 and abs(b - 0.007) < 1e-12
+
+
+def test_a_session_refills_freed_slots_in_order():
+    from fastscore.bench.lab.step_widths import session_rows
+
+    # Two slots; tokens chosen 4, 1, 2. The first two start with a token from the prefill; the second chose only
+    # its stop token there and takes no step, so request 2 joins at once, feeding its last context token.
+    # Step 1: request 0 (1 -> 2 of 4) and request 2 (0 -> 1 of 2); step 2: both again (request 2 done);
+    # step 3: request 0 alone (3 -> 4).
+    assert session_rows([4, 1, 2], width=2) == [2, 2, 1]
+
+
+def test_one_queue_for_two_lanes_shares_the_sequences_out():
+    from fastscore.bench.lab.step_widths import session_rows, shared_queue
+
+    def cost(rows: int) -> float:
+        return 1.0 + rows
+
+    chosen = [5, 5, 2, 2]
+    # One lane: the session over the whole queue.
+    assert shared_queue(chosen, 1, cost, width=2) == [sum(cost(r) for r in session_rows(chosen, width=2))]
+    # Two lanes of one slot: lane 0 takes request 0 (4 steps after its prefill token), lane 1 request 1 (the
+    # same); neither frees a slot before the other's clock passes it, so requests 2 and 3 join one each (2 steps).
+    assert shared_queue(chosen, 2, cost, width=1) == [6 * cost(1), 6 * cost(1)]

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
 import click
+
+from fastscore.bench.lab.refill_decode import CountingDecoder
 
 WIDTH = 32  # the scorer's max_decode_batch
 CELL_PAD = 64  # llamacpp/0002
@@ -59,27 +62,33 @@ def drafted_steps(context: Sequence[int], completion: Sequence[int], chosen: int
     return steps
 
 
-def cells_attended(lengths: Sequence[int], chosen: Sequence[int], order: Sequence[int],
-                   width: int = WIDTH) -> tuple[int, int, int]:
-    """(rows, cells attended, cells needed) of a refilled call: at most `width` live, a finished request's slot
-    taken at once by the next in `order`, every live row attending the longest live stream's cells, padded."""
-    # done: tokens chosen so far. The first `width` start with the prefill's token; a request joining later feeds its
-    # last context token in its first step. Either way a step's row attends `lengths + done` cells of its own.
+def live_steps(chosen: Sequence[int], order: Sequence[int], width: int = WIDTH):
+    """The live requests of each step of a refilled call, as {request: tokens chosen before the step}: at most
+    `width` live, a finished request's slot taken at once by the next in `order`. The first `width` start with the
+    prefill's token; a request joining later feeds its last context token in its first step."""
     waiting = deque(order)
     live = {waiting.popleft(): 1 for _ in range(min(width, len(order)))}
-    rows = attended = needed = 0
     while True:
         live = {i: done for i, done in live.items() if done < chosen[i]}  # finished: its slot is free at once
         while waiting and len(live) < width:
             live[waiting.popleft()] = 0
         if not live:
-            break
+            return
+        yield live
+        live = {i: done + 1 for i, done in live.items()}
+
+
+def cells_attended(lengths: Sequence[int], chosen: Sequence[int], order: Sequence[int],
+                   width: int = WIDTH) -> tuple[int, int, int]:
+    """(rows, cells attended, cells needed) of a refilled call (live_steps), every live row attending the longest
+    live stream's cells, padded. A step's row attends `lengths + done` cells of its own."""
+    rows = attended = needed = 0
+    for live in live_steps(chosen, order, width):
         used = [lengths[i] + done for i, done in live.items()]
         longest = -(-max(used) // CELL_PAD) * CELL_PAD
         rows += len(used)
         attended += longest * len(used)
         needed += sum(used)
-        live = {i: done + 1 for i, done in live.items()}
     return rows, attended, needed
 
 
@@ -125,6 +134,42 @@ def time_drafted_steps(scorer, contexts: Sequence[Sequence[int]], ks: Sequence[i
     return out
 
 
+class TimedDecoder(CountingDecoder):
+    """A pass-through decoder recording each step's rows, the contexts joining at it and its seconds (a join step's
+    include prefilling the joining contexts)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.seconds: list[float] = []
+
+    def step(self, active, tokens):
+        started = time.perf_counter()
+        out = super().step(active, tokens)
+        self.seconds.append(time.perf_counter() - started)
+        return out
+
+    def join_step(self, active, tokens, joining):
+        started = time.perf_counter()
+        out = super().join_step(active, tokens, joining)
+        self.seconds.append(time.perf_counter() - started)
+        return out
+
+
+def record(run_dir: Path, scratch: Path, threads: int) -> list[dict]:
+    """The greedy stage of `run_dir` run again in `scratch` (bench/lab/decoder_calls.py), each decoder call
+    recorded (_recorded_calls)."""
+    from fastscore.bench.lab import decoder_calls
+
+    calls: list[dict] = []
+    patch = _recorded_calls(calls, decoder_calls.item_envs(run_dir))
+    patch(True)
+    try:
+        decoder_calls.main([str(run_dir), str(scratch), "--threads", str(threads)], standalone_mode=False)
+    finally:
+        patch(False)
+    return calls
+
+
 def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
     """A switch for fastscore.scorer.greedy_decode wrapped to append each call's environment, contexts, completions
     and budgets (the sequences it ran: not the ban twins that never left the context they followed); `env_of`:
@@ -145,7 +190,8 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
             current.env = ""
 
     def recording(decoder, contexts, **kw):
-        out = decode(decoder, contexts, **kw)
+        started, timed = time.perf_counter(), TimedDecoder(decoder)
+        out = decode(timed, contexts, **kw)
         budgets = kw["max_new_tokens"]
         budgets = [budgets] * len(out) if isinstance(budgets, int) else list(budgets)
         sampled = kw.get("temperature", 0.0) > 0
@@ -162,7 +208,9 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
                           "completions": [list(out[i].token_ids) for i in own],
                           "chosen": [len(out[i].token_ids) + (out[i].stopped_by == "end_of_turn") for i in own],
                           "budgets": [budgets[i] for i in own], "followers": len(out) - len(own),
-                          "env": getattr(current, "env", "")})
+                          "env": getattr(current, "env", ""), "lane": threading.current_thread().name,
+                          "started": started, "step_rows": timed.rows, "step_joins": timed.joins,
+                          "step_seconds": timed.seconds})
         return out
 
     def patch(on: bool) -> None:
@@ -180,15 +228,7 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
               help="Also time this many decoder steps per k: the first 32 contexts of the sampled call that chose the "
                    "most tokens, each fed 1 + k tokens a step (0: do not time).")
 def main(run_dir: Path, scratch: Path, threads: int, time_steps: int) -> None:
-    from fastscore.bench.lab import decoder_calls
-
-    calls: list[dict] = []
-    patch = _recorded_calls(calls, decoder_calls.item_envs(run_dir))
-    patch(True)
-    try:
-        decoder_calls.main([str(run_dir), str(scratch), "--threads", str(threads)], standalone_mode=False)
-    finally:
-        patch(False)
+    calls = record(run_dir, scratch, threads)
 
     tokens_per_step: dict[tuple[bool, int], float] = {}
     click.echo("\n**Drafts** (prompt lookup, n-gram <= 3; k drafted tokens per sequence and step; tokens chosen in "
