@@ -64,3 +64,55 @@ def test_one_queue_for_two_lanes_shares_the_sequences_out():
     # Two lanes of one slot: lane 0 takes request 0 (4 steps after its prefill token), lane 1 request 1 (the
     # same); neither frees a slot before the other's clock passes it, so requests 2 and 3 join one each (2 steps).
     assert shared_queue(chosen, 2, cost, width=1) == [6 * cost(1), 6 * cost(1)]
+
+
+def test_a_lane_of_the_shared_queue_frees_a_slot_its_first_fill_left_at_once():
+    from fastscore.bench.lab.step_widths import session_rows, shared_queue
+
+    def cost(rows: int) -> float:
+        return 1.0 + rows
+
+    # Request 1 chose only its stop token, from the prefill: its slot goes to request 2 in the first step.
+    for chosen in ([2, 1, 1], [3, 1, 1, 1], [4, 1, 2]):
+        assert shared_queue(chosen, 1, cost, width=2) == [sum(cost(r) for r in session_rows(chosen, width=2))]
+
+
+def test_the_timed_decoder_passes_everything_through_and_times_each_step():
+    import numpy as np
+
+    from fastscore.backends.base import Decoder
+    from fastscore.bench.lab.decode_levers import TimedDecoder
+
+    class Fake(Decoder):
+        refills = True
+
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def reserve_slots(self, slots, longest):
+            self.calls.append("reserve")
+            return slots
+
+        def start(self, contexts):
+            self.calls.append("start")
+            return np.zeros((len(contexts), 4), dtype=np.float32)
+
+        def step(self, active, tokens):
+            self.calls.append("step")
+            return np.zeros((len(active), 4), dtype=np.float32)
+
+        def join_step(self, active, tokens, joining):
+            self.calls.append("join")
+            return np.zeros((len(active) + len(joining), 4), dtype=np.float32)
+
+        def close(self):
+            self.calls.append("close")
+
+    inner = Fake()
+    with TimedDecoder(inner) as timed:
+        assert timed.refills and timed.reserve_slots(3, 10) == 3
+        timed.start([[1, 2], [3]])
+        timed.step([0, 1], [5, 6])
+        timed.join_step([0], [7], [[8, 9]])
+    assert inner.calls == ["reserve", "start", "step", "join", "close"]
+    assert timed.rows == [2, 2] and timed.joins == [0, 1] and len(timed.seconds) == 2

@@ -66,8 +66,15 @@ def live_steps(chosen: Sequence[int], order: Sequence[int], width: int = WIDTH):
     """The live requests of each step of a refilled call, as {request: tokens chosen before the step}: at most
     `width` live, a finished request's slot taken at once by the next in `order`. The first `width` start with the
     prefill's token; a request joining later feeds its last context token in its first step."""
-    waiting = deque(order)
-    live = {waiting.popleft(): 1 for _ in range(min(width, len(order)))}
+    return lane_steps(chosen, deque(order), width)
+
+
+def lane_steps(chosen: Sequence[int], waiting: deque, width: int = WIDTH):
+    """live_steps of one decoder session taking its requests from `waiting` as its slots free, one step per next():
+    sessions sharing one deque take from it in the order they step."""
+    live: dict[int, int] = {}
+    while waiting and len(live) < width:  # the session's start: their first tokens come from its prefill
+        live[waiting.popleft()] = 1
     while True:
         live = {i: done for i, done in live.items() if done < chosen[i]}  # finished: its slot is free at once
         while waiting and len(live) < width:
@@ -98,7 +105,6 @@ def time_drafted_steps(scorer, contexts: Sequence[Sequence[int]], ks: Sequence[i
     Each step's cells are removed after it, so every step of every k runs at the same positions (right after the
     contexts) and attends the same cells."""
     import statistics
-    import time
 
     import numpy as np
 
