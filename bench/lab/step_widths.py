@@ -52,6 +52,8 @@ def shared_queue(chosen: Sequence[int], lanes: int, cost: Callable[[int], float]
     clock = [0.0] * lanes
     going = set(range(lanes))
     while going:
+        # At a tie the lower lane steps first: at time 0 lane 0 refills what its first fill left free before lane 1
+        # fills, a shift of a few sequences at most (prefill is not simulated either).
         k = min(going, key=lambda lane: (clock[lane], lane))
         live = next(sessions[k], None)
         if live is None:  # nothing live and the queue empty: this lane is done (the queue only shrinks)
