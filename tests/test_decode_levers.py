@@ -52,30 +52,29 @@ def test_a_session_refills_freed_slots_in_order():
     assert session_rows([4, 1, 2], width=2) == [2, 2, 1]
 
 
+def _cost(rows: int) -> float:
+    """A step's cost in the shared-queue tests: a fixed part and one per row."""
+    return 1.0 + rows
+
+
 def test_one_queue_for_two_lanes_shares_the_sequences_out():
     from fastscore.bench.lab.step_widths import session_rows, shared_queue
 
-    def cost(rows: int) -> float:
-        return 1.0 + rows
-
     chosen = [5, 5, 2, 2]
     # One lane: the session over the whole queue.
-    assert shared_queue(chosen, 1, cost, width=2) == [sum(cost(r) for r in session_rows(chosen, width=2))]
+    assert shared_queue(chosen, 1, _cost, width=2) == [sum(_cost(r) for r in session_rows(chosen, width=2))]
     # Two lanes of one slot: lane 0 takes request 0 (4 steps after its prefill token), lane 1 request 1 (the
     # same); neither frees a slot before the other's clock passes it, so requests 2 and 3 join one each (2 steps).
-    assert shared_queue(chosen, 2, cost, width=1) == [6 * cost(1), 6 * cost(1)]
+    assert shared_queue(chosen, 2, _cost, width=1) == [6 * _cost(1), 6 * _cost(1)]
 
 
 def test_a_lane_of_the_shared_queue_frees_a_slot_its_first_fill_left_at_once():
     from fastscore.bench.lab.step_widths import session_rows, shared_queue
 
-    def cost(rows: int) -> float:
-        return 1.0 + rows
-
     # Request 1 chose only its stop token, from the prefill: its slot goes to request 2 in the first step. (Both
     # fail if that slot idles for a step: 4 and 7 instead of 3 and 6.)
     for chosen in ([2, 1, 1], [3, 1, 1, 1]):
-        assert shared_queue(chosen, 1, cost, width=2) == [sum(cost(r) for r in session_rows(chosen, width=2))]
+        assert shared_queue(chosen, 1, _cost, width=2) == [sum(_cost(r) for r in session_rows(chosen, width=2))]
 
 
 def test_the_timed_decoder_passes_everything_through_and_times_each_step():
