@@ -15,6 +15,9 @@ recorded; then both levers are simulated on exactly those tokens (`--time-steps`
 - **Cells attended.** llama.cpp attends every live stream over the longest live stream's cells (padded to 64), so
   a refilled call of 32 streams of unequal lengths attends masked cells. Printed per call: cells attended and needed
   per row, for the decoder's order (longest budget first) and for orders by length.
+
+Its recording (`record`, which also times each step and notes each call's lane) and the refill rule (`live_steps`,
+`lane_steps`) serve bench/lab/step_widths.py too.
 """
 
 from __future__ import annotations

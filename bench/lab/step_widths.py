@@ -77,12 +77,12 @@ def main(run_dir: Path, scratch: Path, threads: int) -> None:
     a, b = fit_step_cost(*zip(*plain))
     narrow = [(r, s) for r, _, s in steps if r < NARROW]
     narrow_rows, all_rows = sum(r for r, _ in narrow), sum(r for r, _, _ in steps)
-    all_seconds = sum(s for _, _, s in steps)
+    narrow_seconds, all_seconds = sum(s for _, s in narrow), sum(s for _, _, s in steps)
     click.echo(f"\n**The step's cost** ({len(plain):,} plain steps of {len(steps):,}, least squares): "
                f"{1000 * a:.1f} ms a step + {1000 * b:.2f} ms a row\n")
-    per_row = f"{1000 * sum(s for _, s in narrow) / narrow_rows:.1f} ms a row there, " if narrow_rows else ""
+    per_row = f"{1000 * narrow_seconds / narrow_rows:.1f} ms a row there, " if narrow_rows else ""
     click.echo(f"Steps of fewer than {NARROW} rows: {len(narrow):,} of {len(steps):,}, {narrow_rows:,} of "
-               f"{all_rows:,} rows, {sum(s for _, s in narrow):.1f} of {all_seconds:.1f} step-seconds ({per_row}"
+               f"{all_rows:,} rows, {narrow_seconds:.1f} of {all_seconds:.1f} step-seconds ({per_row}"
                f"{1000 * all_seconds / all_rows:.1f} over all steps, join steps' prefill included)\n")
 
     def cost(rows: int) -> float:
