@@ -352,6 +352,7 @@ def build_artefact(source: ModelSource, backend: str, quant: str, *, progress: b
         stages.close()
     return Artefact(model=source.name, backend=backend, quant=quant, path=path, tokenizer_dir=tok,
                     chat_template_kwargs=source.chat_template_kwargs,
+                    compact_path=source.embedded_gguf if _dequantizes_shipped(source, backend, quant) else None,
                     weights_note=weights_note(source, backend, quant),
                     weights_repair=weights_repair_command(source, backend, quant),
                     tokenizer_repair=repair_command(source, "tokenizer"))

@@ -33,6 +33,9 @@ class Artefact:
     tokenizer_dir: Path
     chat_template_kwargs: Mapping = field(default_factory=lambda: MappingProxyType({}))
     weights_note: str = ""
+    # llama.cpp f32 only: a GGUF holding the same f32 weights exactly in Q4_1 / Q8_0 blocks (the shipped file the
+    # f32 GGUF was dequantized from), which a build that decodes such blocks computes at the f32 file's bits.
+    compact_path: Path | None = None
     # The commands that rebuild the weights and the tokenizer when they turn out damaged at run time.
     weights_repair: str = ""
     tokenizer_repair: str = ""

@@ -105,7 +105,7 @@ class ModelSelection:
         except DamagedArtefactError as exc:
             raise DamagedArtefactError(f"{exc}; rebuild it with: {artefact.tokenizer_repair}") from exc
         engine = backends.load(self.backend, artefact.path, n_threads=self.threads, options=self.options,
-                               progress=progress)
+                               progress=progress, compact=artefact.compact_path)
         log.info("opened %s on %s (%s): %s", self.model, self.backend, self.quant, artefact.weights_note)
         try:
             return Scorer(engine, tokenizer, chat_template_kwargs=artefact.chat_template_kwargs,

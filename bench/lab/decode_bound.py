@@ -270,6 +270,17 @@ def _together(specs: list[dict], labels: list[str], scratch: Path) -> list[dict]
                 proc.wait()
 
 
+def _weights_file(artefact) -> Path:
+    """The GGUF the workers' llama.cpp computes from: the f32 default's compact file where the build decodes it
+    (fastscore.backends.llamacpp_compact; the option compact_weights is on by default), else the artefact."""
+    from fastscore.backends.llamacpp import llama_module
+    from fastscore.backends.llamacpp_compact import build_decodes_weights
+
+    if artefact.compact_path is not None and build_decodes_weights(llama_module().__version__):
+        return artefact.compact_path
+    return artefact.path
+
+
 def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) -> dict:
     """Every measurement and figure as one JSON-safe dict (render() prints it)."""
     from fastscore.backends.llamacpp_streams import kv_cell_bytes
@@ -279,7 +290,7 @@ def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) 
     load_at_start = [round(x, 2) for x in os.getloadavg()]
     artefact = _resolve_all(opts.model, [("llamacpp", opts.quant)])[("llamacpp", opts.quant)]
     shape = shape_from_gguf(artefact.path)
-    traffic = weight_traffic(artefact.path)
+    traffic = weight_traffic(_weights_file(artefact))
     cell_bytes = kv_cell_bytes(shape.n_layer, shape.n_kv_head, shape.head_dim, shape.head_dim, opts.kv_type)
     common = {"task": WORKER_TASK, "backend": "llamacpp", "model": opts.model, "quant": opts.quant, "steps": opts.steps,
               "repeats": opts.repeats, "seed": opts.seed, "backend_options": {"kv_type": opts.kv_type}}
@@ -303,7 +314,7 @@ def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) 
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(opts).items()},
-        "gguf": str(artefact.path), "shape": shape.to_dict(), "kv_bytes_per_cell": cell_bytes, **traffic,
+        "gguf": str(_weights_file(artefact)), "shape": shape.to_dict(), "kv_bytes_per_cell": cell_bytes, **traffic,
         "prefill": {**grid["prefill"], "tokens_per_s": prefill_tps},
         "cells": [cell_figures(c, prefill_tps, traffic["weights_bytes_per_step"], cell_bytes) for c in grid["cells"]],
         "cores": cores, "max_rss_mb": grid["max_rss_bytes"] / 2**20, "llamacpp_build": grid.get("llamacpp_build"),

@@ -16,11 +16,12 @@ def backend_class(name: str):
 
 
 def load(name: str, path: Path, *, n_threads: int | None = None, options=None, progress: bool = False,
-         **fields):
+         compact: Path | None = None, **fields):
     """Open backend `name` on the artefact at `path` (a GGUF file, an ONNX folder or an HF folder).
 
     `options` is the backend's typed options record (fastscore.backends.options); `fields` build one instead,
-    checked against its fields (e.g. load("onnx", path, share_prefixes=False)).
+    checked against its fields (e.g. load("onnx", path, share_prefixes=False)). `compact`: the artefact's
+    compact_path (llama.cpp only: the same f32 weights in Q4_1 / Q8_0 blocks).
     """
     from fastscore.backends.options import options_for
 
@@ -29,4 +30,6 @@ def load(name: str, path: Path, *, n_threads: int | None = None, options=None, p
         options = options_for(name, fields)
     elif fields:
         raise TypeError("pass either options or option fields, not both")
+    if compact is not None:
+        return cls(Path(path), n_threads=n_threads, options=options, progress=progress, compact=Path(compact))
     return cls(Path(path), n_threads=n_threads, options=options, progress=progress)

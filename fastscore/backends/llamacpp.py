@@ -23,6 +23,7 @@ from fastscore.backends.llamacpp_batch import (
     LlamaCache,
     new_context,
 )
+from fastscore.backends.llamacpp_compact import build_decodes_weights, compact_matches, src1_f32_override
 from fastscore.backends.llamacpp_streams import StreamDecoder, kv_bytes_per_cell
 from fastscore.deps import require
 from fastscore.errors import ArtefactUnavailableError, ModelLoadError, SettingsError, TokenizationError
@@ -77,7 +78,10 @@ class LlamaCppBackend(KVCacheBackend):
     threads_adjustable = True
 
     def __init__(self, path: Path, n_threads: int | None = None, options: LlamaCppOptions | None = None,
-                 progress: bool = False) -> None:
+                 progress: bool = False, compact: Path | None = None, check_compact: bool = True) -> None:
+        """`compact`: a GGUF holding `path`'s f32 weights exactly in Q4_1 / Q8_0 blocks (Artefact.compact_path).
+        It is loaded instead when options.compact_weights is on and this build decodes it to the same bits
+        (fastscore.backends.llamacpp_compact; `check_compact` False skips that check, for the check itself)."""
         options = options or LlamaCppOptions()
         super().__init__(Path(path), n_threads, options.max_group_tokens, progress, options.max_decode_tokens)
         self.options = options
@@ -95,9 +99,16 @@ class LlamaCppBackend(KVCacheBackend):
         self.decode_settings = dataclasses.replace(self.settings, flash_attn=options.decode_flash_attn)
         model_params = L.llama_model_default_params()
         model_params.n_gpu_layers = 0
-        self._model = L.llama_model_load_from_file(str(self.path).encode(), model_params)
+        self.weights_file = self.path  # the file llama.cpp computes from
+        if compact is not None and options.compact_weights and self._runs_compact(module, Path(compact), check_compact):
+            self.weights_file = Path(compact)
+            self._overrides = src1_f32_override(L)  # read while loading; kept with the model all the same
+            model_params.kv_overrides = ctypes.cast(self._overrides, ctypes.POINTER(L.llama_model_kv_override))
+            model_params.use_extra_bufts = False  # a repacked weight would skip the decoded product
+        self._model = L.llama_model_load_from_file(str(self.weights_file).encode(), model_params)
         if not self._model:
-            raise ModelLoadError(f"llama.cpp could not load {self.path} (unsupported architecture or damaged file)")
+            raise ModelLoadError(f"llama.cpp could not load {self.weights_file} (unsupported architecture or damaged "
+                                 "file)")
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab = int(L.llama_vocab_n_tokens(self._vocab))
         self.n_ctx_train = int(L.llama_model_n_ctx_train(self._model))
@@ -113,6 +124,14 @@ class LlamaCppBackend(KVCacheBackend):
                  self.describe(), self.n_ctx, self.n_ctx_train, self.n_vocab, self.settings.n_threads,
                  options.flash_attn, options.decode_flash_attn, options.kv_type)
 
+    def _runs_compact(self, module, compact: Path, check: bool) -> bool:
+        version = getattr(module, "__version__", "")
+        if not build_decodes_weights(version):
+            log.info("llama-cpp-python %s does not decode compact weights exactly: scoring %s", version, self.path)
+            return False
+        _check_gguf(compact)
+        return not check or compact_matches(type(self), version, self.path, compact, self.n_threads)
+
     def set_threads(self, n_threads: int) -> None:
         self._require_open()
         self.n_threads = n_threads
@@ -126,10 +145,11 @@ class LlamaCppBackend(KVCacheBackend):
         return module
 
     def describe(self) -> str:
-        """llama.cpp's one-line model description, e.g. 'llama 135M Q4_1'."""
+        """llama.cpp's one-line model description, e.g. 'llama 135M Q4_1'; with compact weights, what it computes."""
         text = ctypes.create_string_buffer(256)
         self._L.llama_model_desc(self._model, text, 256)
-        return text.value.decode(errors="replace")
+        desc = text.value.decode(errors="replace")
+        return desc if self.weights_file == self.path else f"{desc} blocks decoded to f32, f32 activations"
 
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's own tokenizer, no special tokens added: for tests and diagnostics (the scorer tokenizes

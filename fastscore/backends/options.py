@@ -65,6 +65,10 @@ class LlamaCppOptions:
     # 18 contexts in one cache of ~2,300 cells stepped in 5.5-8.7 s vs 2.1-3.1 s in two caches (llama.cpp f32, flash
     # attention, load average ~11 on 2 cores; measured by hand, 2 alternations), so the default keeps caches of n_ctx.
     max_decode_tokens: int = 4096
+    # f32 weights computed from their compact file (Q4_1 / Q8_0 blocks holding the same f32 values, e.g. the
+    # embedded model's shipped file) when the llama.cpp build decodes it to the same bits (checked once per build
+    # and CPU): the same scores, a fifth of the weight bytes per decoding step. False: the f32 file.
+    compact_weights: bool = True
 
     def __post_init__(self) -> None:
         for name in ("flash_attn", "decode_flash_attn"):

@@ -1,0 +1,107 @@
+"""f32 weights run from their compact file: the GGUF that holds the same f32 values in Q4_1 / Q8_0 blocks.
+
+The embedded model's f32 GGUF is its shipped Q4_1 file dequantized (conversion/shipped_f32.py, checked tensor by
+tensor), so every weight of it is a value the shipped blocks hold exactly: Q4_1 is d*q + m with d, m half floats
+and q < 16 (d*q exact, one rounding), Q8_0 is d*q (exact). llamacpp/0004 lets a model loaded with the kv override
+`fastscore.src1_f32` keep every weight product's activations in f32; the CPU backend then decodes such weights to
+those f32 values a panel at a time and multiplies them on tinyBLAS's f32 kernel, which sums each output element in
+one order whatever its tile. So the compact file computes the f32 file's bits while a decoding step reads a fifth
+of the weight bytes (538 MB of f32 weights, 97 MB of blocks). docs/performance.md, "Weights decoded from their
+compact file".
+
+That it does is checked, not trusted: the first time a build, a CPU and a pair of files meet, a prefill and a
+one-row decoding step run on both files and their logits must be equal to the bit; the verdict is cached under
+FASTSCORE_HOME. A build without the patch, another architecture or a pair that differs runs the f32 file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+SRC1_F32_KEY = b"fastscore.src1_f32"
+FIRST_DECODING_BUILD = 4  # llama-cpp-python 0.3.36+fastscoreN decodes Q4_1 / Q8_0 weights exactly from N = 4
+X86 = ("x86_64", "AMD64")  # the decoded products are built for x86 (AVX, AVX2, AVX-512) only
+CHECK_TOKENS = 48  # the prefill of the check: enough for 16-row tiles and a tail
+
+
+def build_decodes_weights(version: str, machine: str | None = None) -> bool:
+    """Whether llama-cpp-python `version` (its local label) decodes compact weights exactly on this machine."""
+    label = re.search(r"\+fastscore(\d+)$", version)
+    return label is not None and int(label.group(1)) >= FIRST_DECODING_BUILD and (machine or platform.machine()) in X86
+
+
+def src1_f32_override(L) -> ctypes.Array:
+    """llama_model_params.kv_overrides asking for f32 activations in every weight product (ends with an empty key,
+    as llama.cpp expects)."""
+    overrides = (L.llama_model_kv_override * 2)()
+    overrides[0].tag = L.LLAMA_KV_OVERRIDE_TYPE_BOOL
+    overrides[0].key = SRC1_F32_KEY
+    overrides[0].value.val_bool = True
+    overrides[1].key = b""
+    return overrides
+
+
+def _file_identity(path: Path) -> str:
+    stat = path.stat()
+    return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _cpu_flags() -> str:
+    """The CPU's instruction sets (llama.cpp is compiled for the host's, and its kernels differ by them)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(("flags", "Features"))), "")
+
+
+def _check_key(version: str, f32_path: Path, compact_path: Path) -> str:
+    record = json.dumps([version, platform.machine(), _cpu_flags(), _file_identity(f32_path),
+                         _file_identity(compact_path)])
+    return hashlib.sha256(record.encode()).hexdigest()[:16]
+
+
+def _check_logits(backend_cls, path: Path, compact: Path | None, n_threads: int | None) -> np.ndarray:
+    """A prefill's logits rows and a one-row step's, for a fixed token sequence."""
+    tokens = [int(t) for t in np.arange(CHECK_TOKENS) * 37 % 1000 + 1]
+    with backend_cls(path, n_threads=n_threads, compact=compact, check_compact=False) as backend:
+        with backend.decoder(2) as decoder:
+            prefilled = np.array(decoder.start([tokens, tokens[:-1]]))
+            stepped = np.array(decoder.step([1], [tokens[-1]]))
+    return np.concatenate([prefilled, stepped])
+
+
+def compact_matches(backend_cls, version: str, f32_path: Path, compact_path: Path, n_threads: int | None) -> bool:
+    """Whether the compact file computes the f32 file's logits to the bit on this build and CPU (cached verdict)."""
+    from fastscore import cache
+
+    marker = cache.home() / "compact-weights-checks" / f"{_check_key(version, f32_path, compact_path)}.json"
+    if marker.is_file():
+        verdict = json.loads(marker.read_text())
+    else:
+        want = _check_logits(backend_cls, f32_path, None, n_threads)
+        got = _check_logits(backend_cls, f32_path, compact_path, n_threads)
+        verdict = {"equal": bool(np.array_equal(want, got)), "max_abs_diff": float(np.abs(want - got).max()),
+                   "version": version, "f32": str(f32_path), "compact": str(compact_path)}
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        partial = marker.with_suffix(f".partial-{os.getpid()}")
+        partial.write_text(json.dumps(verdict) + "\n")
+        os.replace(partial, marker)
+    if verdict["equal"]:
+        log.info("compact weights %s give the bits of %s on this build (checked once: %s)", compact_path.name,
+                 f32_path, marker)
+    else:
+        log.warning("compact weights %s differ from %s by up to %.3g on this build (%s): computing from the f32 "
+                    "file", compact_path, f32_path, verdict["max_abs_diff"], marker)
+    return verdict["equal"]

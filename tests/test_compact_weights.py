@@ -1,0 +1,110 @@
+"""The f32 default computed from its compact file (llamacpp/0004, fastscore.backends.llamacpp_compact).
+
+The embedded model's f32 GGUF is its shipped Q4_1 file dequantized, so the shipped blocks hold the same f32 weights;
+on a build that decodes them inside each product with f32 activations, every score and decoding step must come out
+with the f32 file's bits. A compact file that does not hold the same weights, an unpatched build or the option off
+run the f32 file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import pytest
+
+from fastscore.backends.llamacpp_compact import build_decodes_weights
+from fastscore.records import ScoreRequest
+from fastscore.registry import default_model
+from fastscore.requests_io import read_requests
+from fastscore.variants import default_quant
+
+from tests.test_exact_default import EXAMPLES
+
+llama_cpp = pytest.importorskip("llama_cpp")
+from fastscore.backends.llamacpp import LlamaCppBackend  # noqa: E402
+from fastscore.backends.options import LlamaCppOptions  # noqa: E402
+
+DECODES = build_decodes_weights(llama_cpp.__version__)
+needs_decoding_build = pytest.mark.skipif(not DECODES, reason=f"llama-cpp-python {llama_cpp.__version__} does not "
+                                          "decode compact weights (make install builds 0.3.36+fastscore4 or later)")
+
+
+@pytest.mark.parametrize(("version", "machine", "decodes"), [
+    ("0.3.36+fastscore4", "x86_64", True),
+    ("0.3.36+fastscore12", "x86_64", True),
+    ("0.3.36+fastscore3", "x86_64", False),
+    ("0.3.36", "x86_64", False),
+    ("0.3.36+fastscore4", "aarch64", False),
+])
+def test_which_builds_decode_compact_weights(version, machine, decodes):
+    assert build_decodes_weights(version, machine) is decodes
+
+
+@pytest.fixture(scope="module")
+def f32_artefact(smollm_artefact):
+    artefact = smollm_artefact("llamacpp", default_quant(default_model()))
+    assert artefact.compact_path is not None and artefact.compact_path.name.endswith(".Q4_1.gguf")
+    return artefact
+
+
+def _requests(artefact, backend):
+    from fastscore.scorer import Scorer
+    from fastscore.tokenizer import Tokenizer
+
+    scorer = Scorer(backend, Tokenizer.from_folder(artefact.tokenizer_dir),
+                    chat_template_kwargs=artefact.chat_template_kwargs)
+    return [scorer.prepare(ScoreRequest(r.id, r.messages, c)).token_request
+            for r in read_requests(EXAMPLES) for c in r.candidates]
+
+
+def _scores_and_steps(backend, requests) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every example candidate's token log-probs in one shared call, and the logits of a prefill of four contexts,
+    a four-row step and a one-row step."""
+    scores = [s.logprobs for s in backend.score_tokens(requests)]
+    contexts = [list(r.tokens) for r in requests[:4]]
+    with backend.decoder(4) as decoder:
+        first = np.array(decoder.start([c[:-1] for c in contexts]))
+        wide = np.array(decoder.step(list(range(4)), [c[-1] for c in contexts]))
+        one = np.array(decoder.step([2], [int(np.argmax(wide[2]))]))
+    return scores, [first, wide, one]
+
+
+@needs_decoding_build
+def test_the_compact_file_scores_and_decodes_with_the_f32_bits(f32_artefact):
+    with LlamaCppBackend(f32_artefact.path, n_threads=2,
+                         options=LlamaCppOptions(compact_weights=False)) as backend:
+        assert backend.weights_file == f32_artefact.path
+        requests = _requests(f32_artefact, backend)
+        want = _scores_and_steps(backend, requests)
+    with LlamaCppBackend(f32_artefact.path, n_threads=2, compact=f32_artefact.compact_path) as backend:
+        assert backend.weights_file == f32_artefact.compact_path
+        assert backend.describe().endswith("blocks decoded to f32, f32 activations")
+        got = _scores_and_steps(backend, requests)
+    score_diff = max(float(np.abs(a - b).max()) for a, b in zip(want[0], got[0]))
+    step_diff = [float(np.abs(a - b).max()) for a, b in zip(want[1], got[1])]
+    print(f"\nmax |d log-prob| over {len(requests)} candidates {score_diff:.2e}; max |d logit| prefill, 4-row step, "
+          f"1-row step {step_diff}")
+    assert all(np.array_equal(a, b) for a, b in zip(want[0], got[0]))
+    assert all(np.array_equal(a, b) for a, b in zip(want[1], got[1]))
+
+
+@needs_decoding_build
+def test_a_compact_file_of_other_weights_is_not_used(f32_artefact, smollm_artefact, caplog):
+    """The q8_0 variant is quantized again from f32, so its blocks hold other weights: the check finds its logits
+    differ and the backend computes from the f32 file."""
+    other = smollm_artefact("llamacpp", "q8_0").path
+    with caplog.at_level(logging.WARNING, logger="fastscore.backends.llamacpp_compact"):
+        with LlamaCppBackend(f32_artefact.path, n_threads=2, compact=other) as backend:
+            assert backend.weights_file == f32_artefact.path
+    assert any("differ" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unpatched_build_or_the_option_off_runs_the_f32_file(f32_artefact, monkeypatch):
+    with LlamaCppBackend(f32_artefact.path, n_threads=1, compact=f32_artefact.compact_path,
+                         options=dataclasses.replace(LlamaCppOptions(), compact_weights=False)) as backend:
+        assert backend.weights_file == f32_artefact.path
+    monkeypatch.setattr(llama_cpp, "__version__", "0.3.36")
+    with LlamaCppBackend(f32_artefact.path, n_threads=1, compact=f32_artefact.compact_path) as backend:
+        assert backend.weights_file == f32_artefact.path and "decoded" not in backend.describe()
