@@ -53,8 +53,13 @@ def versions() -> dict[str, Any]:
 
 
 def weights_record(scorer) -> dict[str, str]:
-    """The weights file a scorer computes with and its note (e.g. a quantisation caveat)."""
-    return {"weights": str(scorer.backend.path), "weights_note": scorer.weights_note}
+    """The weights file a scorer computes with and its note (e.g. a quantisation caveat); where llama.cpp computes
+    the f32 weights from their compact file (fastscore.backends.llamacpp_compact), that file too."""
+    record = {"weights": str(scorer.backend.path), "weights_note": scorer.weights_note}
+    computed_from = getattr(scorer.backend, "weights_file", scorer.backend.path)
+    if computed_from != scorer.backend.path:
+        record["weights_computed_from"] = f"{computed_from} (the same f32 values, decoded in each product)"
+    return record
 
 
 def produced_by(scorer) -> dict[str, Any]:

@@ -8,7 +8,7 @@ build; the label still satisfies `==0.3.36`.
 
 Standard library only: it runs before fastscore is installed (the Makefile installs this wheel first, so that
 `pip install -e .[all]` keeps it instead of fetching the unpatched one). What the patches change and what they gain:
-docs/performance.md, "llama.cpp with three patches".
+docs/performance.md, "llama.cpp with three patches" and "Weights decoded from their compact file".
 
     python llamacpp/build_wheel.py [--pip .venv/bin/pip]
 """

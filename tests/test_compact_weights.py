@@ -71,23 +71,80 @@ def _scores_and_steps(backend, requests) -> tuple[list[np.ndarray], list[np.ndar
     return scores, [first, wide, one]
 
 
-@needs_decoding_build
-def test_the_compact_file_scores_and_decodes_with_the_f32_bits(f32_artefact):
+@pytest.fixture(scope="module")
+def f32_results(f32_artefact):
+    """The f32 file's scores and decoding steps (2 threads), and the requests they were computed for."""
     with LlamaCppBackend(f32_artefact.path, n_threads=2,
                          options=LlamaCppOptions(compact_weights=False)) as backend:
         assert backend.weights_file == f32_artefact.path
         requests = _requests(f32_artefact, backend)
-        want = _scores_and_steps(backend, requests)
-    with LlamaCppBackend(f32_artefact.path, n_threads=2, compact=f32_artefact.compact_path) as backend:
+        return requests, _scores_and_steps(backend, requests)
+
+
+def _max_diffs(want, got) -> tuple[float, list[float]]:
+    return (max(float(np.abs(a - b).max()) for a, b in zip(want[0], got[0])),
+            [float(np.abs(a - b).max()) for a, b in zip(want[1], got[1])])
+
+
+@needs_decoding_build
+@pytest.mark.parametrize(("threads", "n_ubatch"), [(2, 512), (1, 512), (2, 32)])
+def test_the_compact_file_scores_and_decodes_with_the_f32_bits(f32_artefact, f32_results, threads, n_ubatch):
+    """On 1 or 2 threads and in micro-batches of 512 or 32 tokens (products of other widths and panel splits)."""
+    requests, want = f32_results
+    options = dataclasses.replace(LlamaCppOptions(), n_ubatch=n_ubatch)
+    with LlamaCppBackend(f32_artefact.path, n_threads=threads, options=options,
+                         compact=f32_artefact.compact_path) as backend:
         assert backend.weights_file == f32_artefact.compact_path
         assert backend.describe().endswith("blocks decoded to f32, f32 activations")
         got = _scores_and_steps(backend, requests)
-    score_diff = max(float(np.abs(a - b).max()) for a, b in zip(want[0], got[0]))
-    step_diff = [float(np.abs(a - b).max()) for a, b in zip(want[1], got[1])]
-    print(f"\nmax |d log-prob| over {len(requests)} candidates {score_diff:.2e}; max |d logit| prefill, 4-row step, "
-          f"1-row step {step_diff}")
+    score_diff, step_diff = _max_diffs(want, got)
+    print(f"\n{threads} threads, n_ubatch {n_ubatch}: max |d log-prob| over {len(requests)} candidates "
+          f"{score_diff:.2e}; max |d logit| prefill, 4-row step, 1-row step {step_diff}")
     assert all(np.array_equal(a, b) for a, b in zip(want[0], got[0]))
     assert all(np.array_equal(a, b) for a, b in zip(want[1], got[1]))
+
+
+@needs_decoding_build
+def test_without_f32_activations_the_same_file_is_the_quantised_model(f32_artefact, f32_results):
+    """The control: the shipped file loaded as itself (the q4_1 variant, no override) rounds its activations to 8
+    bits, so the equality above is the override's doing, and nothing marks the quantised variants."""
+    requests, want = f32_results
+    with LlamaCppBackend(f32_artefact.compact_path, n_threads=2) as backend:
+        assert "decoded" not in backend.describe()
+        got = _scores_and_steps(backend, requests)
+    score_diff, step_diff = _max_diffs(want, got)
+    print(f"\nshipped Q4_1 as itself: max |d log-prob| {score_diff:.3f}, max |d logit| {step_diff}")
+    assert score_diff > 1e-3 and min(step_diff) > 1e-3
+
+
+@needs_decoding_build
+def test_the_product_opens_the_f32_default_on_its_compact_file(f32_artefact):
+    from fastscore.selection import ModelSelection
+
+    selection = ModelSelection.resolve(default_model(), "llamacpp", default_quant(default_model()), threads=1)
+    with selection.open() as scorer:
+        assert scorer.backend.weights_file == f32_artefact.compact_path
+
+
+def test_a_rebuilt_library_or_a_touched_file_is_checked_again(tmp_path):
+    """The cached verdict belongs to one build (its libraries' files) and one pair of files as they are."""
+    import os
+    import types
+
+    from fastscore.backends.llamacpp_compact import _check_key
+
+    (tmp_path / "lib").mkdir()
+    library, f32, compact = tmp_path / "lib" / "libllama.so", tmp_path / "a.gguf", tmp_path / "b.gguf"
+    for path in (library, f32, compact):
+        path.write_bytes(b"x")
+    module = types.SimpleNamespace(__version__="0.3.36+fastscore4", __file__=str(tmp_path / "__init__.py"))
+    key = _check_key(module, f32, compact)
+    assert _check_key(module, f32, compact) == key
+    library.write_bytes(b"xy")
+    assert _check_key(module, f32, compact) != key
+    key = _check_key(module, f32, compact)
+    os.utime(compact, ns=(1, 1))
+    assert _check_key(module, f32, compact) != key
 
 
 @needs_decoding_build

@@ -50,6 +50,7 @@ class DecodeBoundOptions:
     repeats: int = 1
     pp_tokens: int = 512
     kv_type: str = "f32"
+    compact_weights: bool = True  # the f32 default from its compact file where the build decodes it (llamacpp/0004)
     cores_cell: tuple[int, int] | None = (256, 32)  # (length, streams); None or threads < 2: not measured
     seed: int = 0
 
@@ -203,8 +204,9 @@ def run_worker_spec(spec: dict) -> dict:
     selection = ModelSelection.resolve(spec["model"], "llamacpp", spec["quant"], threads=spec["threads"],
                                        backend_options=options)
     with selection.open() as scorer:
-        return measure_cells(scorer, spec["cells"], spec["steps"], spec["repeats"], spec.get("pp_tokens"),
-                             spec.get("seed", 0), barrier)
+        measured = measure_cells(scorer, spec["cells"], spec["steps"], spec["repeats"], spec.get("pp_tokens"),
+                                 spec.get("seed", 0), barrier)
+        return {**measured, "weights_file": str(scorer.backend.weights_file)}
 
 
 # ---------------------------------------------------------------- the parent
@@ -270,17 +272,6 @@ def _together(specs: list[dict], labels: list[str], scratch: Path) -> list[dict]
                 proc.wait()
 
 
-def _weights_file(artefact) -> Path:
-    """The GGUF the workers' llama.cpp computes from: the f32 default's compact file where the build decodes it
-    (fastscore.backends.llamacpp_compact; the option compact_weights is on by default), else the artefact."""
-    from fastscore.backends.llamacpp import llama_module
-    from fastscore.backends.llamacpp_compact import build_decodes_weights
-
-    if artefact.compact_path is not None and build_decodes_weights(llama_module().__version__):
-        return artefact.compact_path
-    return artefact.path
-
-
 def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) -> dict:
     """Every measurement and figure as one JSON-safe dict (render() prints it)."""
     from fastscore.backends.llamacpp_streams import kv_cell_bytes
@@ -290,10 +281,10 @@ def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) 
     load_at_start = [round(x, 2) for x in os.getloadavg()]
     artefact = _resolve_all(opts.model, [("llamacpp", opts.quant)])[("llamacpp", opts.quant)]
     shape = shape_from_gguf(artefact.path)
-    traffic = weight_traffic(_weights_file(artefact))
     cell_bytes = kv_cell_bytes(shape.n_layer, shape.n_kv_head, shape.head_dim, shape.head_dim, opts.kv_type)
     common = {"task": WORKER_TASK, "backend": "llamacpp", "model": opts.model, "quant": opts.quant, "steps": opts.steps,
-              "repeats": opts.repeats, "seed": opts.seed, "backend_options": {"kv_type": opts.kv_type}}
+              "repeats": opts.repeats, "seed": opts.seed,
+              "backend_options": {"kv_type": opts.kv_type, "compact_weights": opts.compact_weights}}
     cells = [[length, streams] for length in opts.lengths for streams in opts.streams]
     cores = None
     with tempfile.TemporaryDirectory(prefix="fastscore-decode-bound-", dir=scratch_dir) as tmp:
@@ -311,10 +302,12 @@ def run_decode_bound(opts: DecodeBoundOptions, scratch_dir: Path | None = None) 
                                    "parties": opts.threads} for label in labels], labels, scratch)
             cores = {**cores_figures(single, parallel), "threads": opts.threads}
     prefill_tps = grid["prefill"]["tokens"] / grid["prefill"]["seconds"]
+    weights_file = Path(grid["weights_file"])  # the f32 file or its compact file, as the worker's backend chose
+    traffic = weight_traffic(weights_file)
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(opts).items()},
-        "gguf": str(_weights_file(artefact)), "shape": shape.to_dict(), "kv_bytes_per_cell": cell_bytes, **traffic,
+        "gguf": str(weights_file), "shape": shape.to_dict(), "kv_bytes_per_cell": cell_bytes, **traffic,
         "prefill": {**grid["prefill"], "tokens_per_s": prefill_tps},
         "cells": [cell_figures(c, prefill_tps, traffic["weights_bytes_per_step"], cell_bytes) for c in grid["cells"]],
         "cores": cores, "max_rss_mb": grid["max_rss_bytes"] / 2**20, "llamacpp_build": grid.get("llamacpp_build"),
@@ -343,18 +336,21 @@ def cli():
     @click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1))
     @click.option("--pp-tokens", default=512, show_default=True, type=click.IntRange(min=2))
     @click.option("--kv-type", default="f32", show_default=True, type=click.Choice(list(KV_CACHE_TYPES)))
+    @click.option("--compact-weights/--f32-weights", default=True, show_default=True,
+                  help="The f32 default computed from its compact file (same bits) or from the f32 file.")
     @click.option("--cores-cell", default="256x32", show_default=True,
                   help="LENGTHxSTREAMS decoded by 1 process x T threads and T processes x 1 thread; 'none' skips it.")
     @click.option("--json", "as_json", is_flag=True, help="Print the figures as one JSON line instead of the table.")
     @click.option("--json-out", default=None, type=click.Path(dir_okay=False, path_type=Path))
     @friendly
-    def command(model, quant, lengths, streams, steps, threads, repeats, pp_tokens, kv_type, cores_cell, as_json,
-                json_out):
+    def command(model, quant, lengths, streams, steps, threads, repeats, pp_tokens, kv_type, compact_weights,
+                cores_cell, as_json, json_out):
         """Decode tok/s vs prefill on fixed-length random contexts, with the bytes each step reads."""
         cell = None if cores_cell.lower() == "none" else parse_cell(cores_cell)
         opts = DecodeBoundOptions(model=model or default_model(), quant=quant, lengths=ints(lengths),
                                   streams=ints(streams), steps=steps, threads=threads or os.cpu_count() or 1,
-                                  repeats=repeats, pp_tokens=pp_tokens, kv_type=kv_type, cores_cell=cell)
+                                  repeats=repeats, pp_tokens=pp_tokens, kv_type=kv_type,
+                                  compact_weights=compact_weights, cores_cell=cell)
         from fastscore.bench.lab.decode_bound_table import render
         from fastscore.bench.table import print_and_save
 

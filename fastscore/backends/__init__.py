@@ -6,6 +6,7 @@ import importlib
 from pathlib import Path
 
 from fastscore.backends.options import BACKENDS
+from fastscore.errors import SettingsError
 from fastscore.variants import check_backend
 
 
@@ -31,5 +32,7 @@ def load(name: str, path: Path, *, n_threads: int | None = None, options=None, p
     elif fields:
         raise TypeError("pass either options or option fields, not both")
     if compact is not None:
+        if name != "llamacpp":
+            raise SettingsError(f"a compact weights file is a llama.cpp GGUF: backend {name!r} takes none")
         return cls(Path(path), n_threads=n_threads, options=options, progress=progress, compact=Path(compact))
     return cls(Path(path), n_threads=n_threads, options=options, progress=progress)

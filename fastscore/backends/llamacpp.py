@@ -129,8 +129,10 @@ class LlamaCppBackend(KVCacheBackend):
         if not build_decodes_weights(version):
             log.info("llama-cpp-python %s does not decode compact weights exactly: scoring %s", version, self.path)
             return False
-        _check_gguf(compact)
-        return not check or compact_matches(type(self), version, self.path, compact, self.n_threads)
+        if not compact.is_file():
+            log.warning("compact weights %s not found: computing from %s", compact, self.path)
+            return False
+        return not check or compact_matches(module, self.path, compact, self.n_threads)
 
     def set_threads(self, n_threads: int) -> None:
         self._require_open()

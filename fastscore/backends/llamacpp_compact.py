@@ -17,6 +17,7 @@ FASTSCORE_HOME. A build without the patch, another architecture or a pair that d
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import json
 import logging
@@ -66,42 +67,77 @@ def _cpu_flags() -> str:
     return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(("flags", "Features"))), "")
 
 
-def _check_key(version: str, f32_path: Path, compact_path: Path) -> str:
-    record = json.dumps([version, platform.machine(), _cpu_flags(), _file_identity(f32_path),
-                         _file_identity(compact_path)])
+def _libraries(module) -> list[str]:
+    """The loaded llama.cpp libraries: a wheel rebuilt under the same version label (other compiler flags, another
+    patch) is another build to check."""
+    folder = Path(getattr(module, "__file__", "") or ".").parent / "lib"
+    return sorted(_file_identity(lib) for lib in folder.glob("*.so*") if lib.is_file()) if folder.is_dir() else []
+
+
+def _check_key(module, f32_path: Path, compact_path: Path) -> str:
+    record = json.dumps([getattr(module, "__version__", ""), _libraries(module), platform.machine(), _cpu_flags(),
+                         _file_identity(f32_path), _file_identity(compact_path)])
     return hashlib.sha256(record.encode()).hexdigest()[:16]
 
 
-def _check_logits(backend_cls, path: Path, compact: Path | None, n_threads: int | None) -> np.ndarray:
-    """A prefill's logits rows and a one-row step's, for a fixed token sequence."""
+def _check_logits(path: Path, compact: Path | None, n_threads: int | None) -> np.ndarray:
+    """A prefill's logits rows and a one-row step's, for a fixed token sequence (on the plain backend: the check
+    must not run through a subclass's instrumentation)."""
+    from fastscore.backends.llamacpp import LlamaCppBackend
+
     tokens = [int(t) for t in np.arange(CHECK_TOKENS) * 37 % 1000 + 1]
-    with backend_cls(path, n_threads=n_threads, compact=compact, check_compact=False) as backend:
+    with LlamaCppBackend(path, n_threads=n_threads, compact=compact, check_compact=False) as backend:
         with backend.decoder(2) as decoder:
             prefilled = np.array(decoder.start([tokens, tokens[:-1]]))
             stepped = np.array(decoder.step([1], [tokens[-1]]))
     return np.concatenate([prefilled, stepped])
 
 
-def compact_matches(backend_cls, version: str, f32_path: Path, compact_path: Path, n_threads: int | None) -> bool:
-    """Whether the compact file computes the f32 file's logits to the bit on this build and CPU (cached verdict)."""
+def _read_verdict(marker: Path) -> dict | None:
+    try:
+        verdict = json.loads(marker.read_text())
+    except (OSError, ValueError):  # absent, or a partial write from a killed process: check again
+        return None
+    return verdict if isinstance(verdict, dict) and isinstance(verdict.get("equal"), bool) else None
+
+
+def _verdict(module, f32_path: Path, compact_path: Path, n_threads: int | None) -> dict:
+    """The cached verdict, or the check run now under a file lock (processes opening the model at once, e.g. a
+    sweep's workers, check once)."""
     from fastscore import cache
 
-    marker = cache.home() / "compact-weights-checks" / f"{_check_key(version, f32_path, compact_path)}.json"
-    if marker.is_file():
-        verdict = json.loads(marker.read_text())
-    else:
-        want = _check_logits(backend_cls, f32_path, None, n_threads)
-        got = _check_logits(backend_cls, f32_path, compact_path, n_threads)
-        verdict = {"equal": bool(np.array_equal(want, got)), "max_abs_diff": float(np.abs(want - got).max()),
-                   "version": version, "f32": str(f32_path), "compact": str(compact_path)}
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        partial = marker.with_suffix(f".partial-{os.getpid()}")
-        partial.write_text(json.dumps(verdict) + "\n")
-        os.replace(partial, marker)
+    marker = cache.home() / "compact-weights-checks" / f"{_check_key(module, f32_path, compact_path)}.json"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    with open(marker.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        verdict = _read_verdict(marker)
+        if verdict is None:
+            want = _check_logits(f32_path, None, n_threads)
+            got = _check_logits(f32_path, compact_path, n_threads)
+            verdict = {"equal": bool(np.array_equal(want, got)), "max_abs_diff": float(np.abs(want - got).max()),
+                       "version": getattr(module, "__version__", ""), "f32": str(f32_path),
+                       "compact": str(compact_path)}
+            partial = marker.with_suffix(f".partial-{os.getpid()}")
+            partial.write_text(json.dumps(verdict) + "\n")
+            os.replace(partial, marker)
+    verdict["marker"] = str(marker)
+    return verdict
+
+
+def compact_matches(module, f32_path: Path, compact_path: Path, n_threads: int | None) -> bool:
+    """Whether the compact file computes the f32 file's logits to the bit on this build and CPU (checked once,
+    cached). A check that cannot run (an unreadable compact file, llama.cpp refusing it) is a no: the f32 file."""
+    from fastscore.errors import FastscoreError
+
+    try:
+        verdict = _verdict(module, f32_path, compact_path, n_threads)
+    except (FastscoreError, OSError, ValueError) as exc:
+        log.warning("compact weights %s could not be checked (%s): computing from the f32 file", compact_path, exc)
+        return False
     if verdict["equal"]:
         log.info("compact weights %s give the bits of %s on this build (checked once: %s)", compact_path.name,
-                 f32_path, marker)
+                 f32_path, verdict["marker"])
     else:
         log.warning("compact weights %s differ from %s by up to %.3g on this build (%s): computing from the f32 "
-                    "file", compact_path, f32_path, verdict["max_abs_diff"], marker)
+                    "file", compact_path, f32_path, verdict["max_abs_diff"], verdict["marker"])
     return verdict["equal"]
