@@ -132,7 +132,13 @@ class LlamaCppBackend(KVCacheBackend):
         if not compact.is_file():
             log.warning("compact weights %s not found: computing from %s", compact, self.path)
             return False
-        return not check or compact_matches(module, self.path, compact, self.n_threads)
+        if not check:
+            return True
+        n_threads = self.n_threads
+
+        def open_plain(path: Path, compact: Path | None) -> LlamaCppBackend:
+            return LlamaCppBackend(path, n_threads=n_threads, compact=compact, check_compact=False)
+        return compact_matches(module, self.path, compact, open_plain)
 
     def set_threads(self, n_threads: int) -> None:
         self._require_open()

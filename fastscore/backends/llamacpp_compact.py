@@ -24,6 +24,7 @@ import logging
 import os
 import platform
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -80,13 +81,10 @@ def _check_key(module, f32_path: Path, compact_path: Path) -> str:
     return hashlib.sha256(record.encode()).hexdigest()[:16]
 
 
-def _check_logits(path: Path, compact: Path | None, n_threads: int | None) -> np.ndarray:
-    """A prefill's logits rows and a one-row step's, for a fixed token sequence (on the plain backend: the check
-    must not run through a subclass's instrumentation)."""
-    from fastscore.backends.llamacpp import LlamaCppBackend
-
+def _check_logits(open_backend: Callable, path: Path, compact: Path | None) -> np.ndarray:
+    """A prefill's logits rows and a one-row step's, for a fixed token sequence."""
     tokens = [int(t) for t in np.arange(CHECK_TOKENS) * 37 % 1000 + 1]
-    with LlamaCppBackend(path, n_threads=n_threads, compact=compact, check_compact=False) as backend:
+    with open_backend(path, compact) as backend:
         with backend.decoder(2) as decoder:
             prefilled = np.array(decoder.start([tokens, tokens[:-1]]))
             stepped = np.array(decoder.step([1], [tokens[-1]]))
@@ -101,7 +99,7 @@ def _read_verdict(marker: Path) -> dict | None:
     return verdict if isinstance(verdict, dict) and isinstance(verdict.get("equal"), bool) else None
 
 
-def _verdict(module, f32_path: Path, compact_path: Path, n_threads: int | None) -> dict:
+def _verdict(module, f32_path: Path, compact_path: Path, open_backend: Callable) -> dict:
     """The cached verdict, or the check run now under a file lock (processes opening the model at once, e.g. a
     sweep's workers, check once)."""
     from fastscore import cache
@@ -112,8 +110,8 @@ def _verdict(module, f32_path: Path, compact_path: Path, n_threads: int | None) 
         fcntl.flock(lock, fcntl.LOCK_EX)
         verdict = _read_verdict(marker)
         if verdict is None:
-            want = _check_logits(f32_path, None, n_threads)
-            got = _check_logits(f32_path, compact_path, n_threads)
+            want = _check_logits(open_backend, f32_path, None)
+            got = _check_logits(open_backend, f32_path, compact_path)
             verdict = {"equal": bool(np.array_equal(want, got)), "max_abs_diff": float(np.abs(want - got).max()),
                        "version": getattr(module, "__version__", ""), "f32": str(f32_path),
                        "compact": str(compact_path)}
@@ -124,13 +122,15 @@ def _verdict(module, f32_path: Path, compact_path: Path, n_threads: int | None) 
     return verdict
 
 
-def compact_matches(module, f32_path: Path, compact_path: Path, n_threads: int | None) -> bool:
+def compact_matches(module, f32_path: Path, compact_path: Path, open_backend: Callable) -> bool:
     """Whether the compact file computes the f32 file's logits to the bit on this build and CPU (checked once,
-    cached). A check that cannot run (an unreadable compact file, llama.cpp refusing it) is a no: the f32 file."""
+    cached). `open_backend(path, compact)` opens the plain llama.cpp backend without this check (not a subclass:
+    the check must not run through instrumentation). A check that cannot run (an unreadable compact file, llama.cpp
+    refusing it) is a no: the f32 file."""
     from fastscore.errors import FastscoreError
 
     try:
-        verdict = _verdict(module, f32_path, compact_path, n_threads)
+        verdict = _verdict(module, f32_path, compact_path, open_backend)
     except (FastscoreError, OSError, ValueError) as exc:
         log.warning("compact weights %s could not be checked (%s): computing from the f32 file", compact_path, exc)
         return False
