@@ -15,12 +15,10 @@ import numpy as np
 import pytest
 
 from fastscore.backends.llamacpp_compact import build_decodes_weights
-from fastscore.records import ScoreRequest
 from fastscore.registry import default_model
-from fastscore.requests_io import read_requests
 from fastscore.variants import default_quant
 
-from tests.test_exact_default import EXAMPLES
+from tests.test_exact_default import item_requests  # noqa: F401 (a fixture)
 
 llama_cpp = pytest.importorskip("llama_cpp")
 from fastscore.backends.llamacpp import LlamaCppBackend  # noqa: E402
@@ -49,16 +47,6 @@ def f32_artefact(smollm_artefact):
     return artefact
 
 
-def _requests(artefact, backend):
-    from fastscore.scorer import Scorer
-    from fastscore.tokenizer import Tokenizer
-
-    scorer = Scorer(backend, Tokenizer.from_folder(artefact.tokenizer_dir),
-                    chat_template_kwargs=artefact.chat_template_kwargs)
-    return [scorer.prepare(ScoreRequest(r.id, r.messages, c)).token_request
-            for r in read_requests(EXAMPLES) for c in r.candidates]
-
-
 def _scores_and_steps(backend, requests) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Every example candidate's token log-probs in one shared call, and the logits of a prefill of four contexts,
     a four-row step and a one-row step."""
@@ -72,12 +60,15 @@ def _scores_and_steps(backend, requests) -> tuple[list[np.ndarray], list[np.ndar
 
 
 @pytest.fixture(scope="module")
-def f32_results(f32_artefact):
-    """The f32 file's scores and decoding steps (2 threads), and the requests they were computed for."""
+def f32_results(f32_artefact, item_requests):
+    """The f32 file's scores and decoding steps (2 threads), and the requests they were computed for: every
+    candidate of the example items (test_exact_default's fixture)."""
+    path, by_item = item_requests
+    assert path == f32_artefact.path
+    requests = [r for item in by_item.values() for r in item]
     with LlamaCppBackend(f32_artefact.path, n_threads=2,
                          options=LlamaCppOptions(compact_weights=False)) as backend:
         assert backend.weights_file == f32_artefact.path
-        requests = _requests(f32_artefact, backend)
         return requests, _scores_and_steps(backend, requests)
 
 

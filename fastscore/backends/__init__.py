@@ -31,8 +31,7 @@ def load(name: str, path: Path, *, n_threads: int | None = None, options=None, p
         options = options_for(name, fields)
     elif fields:
         raise TypeError("pass either options or option fields, not both")
-    if compact is not None:
-        if name != "llamacpp":
-            raise SettingsError(f"a compact weights file is a llama.cpp GGUF: backend {name!r} takes none")
-        return cls(Path(path), n_threads=n_threads, options=options, progress=progress, compact=Path(compact))
-    return cls(Path(path), n_threads=n_threads, options=options, progress=progress)
+    if compact is not None and name != "llamacpp":
+        raise SettingsError(f"a compact weights file is a llama.cpp GGUF: backend {name!r} takes none")
+    extra = {} if compact is None else {"compact": Path(compact)}
+    return cls(Path(path), n_threads=n_threads, options=options, progress=progress, **extra)
