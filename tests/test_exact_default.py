@@ -173,3 +173,31 @@ def test_chunk_sizes_1_to_64_move_scores_as_meta_json_reports(smollm_artefact, t
           + f"; worst {worst:.2e} (meta.json: measured {meta['batch_max_abs_diff_measured']}, "
             f"tolerance {BATCH_INVARIANCE_TOL:g}, batch_dependent {meta['batch_dependent']})")
     assert meta["batch_dependent"] == (worst > BATCH_INVARIANCE_TOL)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="tinyBLAS takes one-row f32 products on x86-64 only")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_short_stream_beside_a_long_one_gets_the_bits_it_gets_alone(item_requests, threads):
+    """llamacpp/0005: in a step over KV streams each stream's attention stops at its own last cell (rounded up to
+    64), not the longest stream's. A short context stepped beside a long one, and the long one beside the short,
+    must give the bits each gives stepped alone, where the cells attended are only its own: a cut that dropped a
+    cell the token attends to, or summed in another order, would move them. On 1 thread every product runs in turn,
+    on 2 each thread takes whole products (llamacpp/0003)."""
+    path, by_item = item_requests
+    longest = max((list(r.tokens) for reqs in by_item.values() for r in reqs), key=len)
+    short = longest[:40]
+    assert len(longest) > len(short) + 2 * 64, "the long context must span cells the short one's cut leaves out"
+    contexts = [short, longest, short[:-9]]
+    with LlamaCppBackend(path, n_threads=threads) as backend:
+        with backend.decoder(len(contexts)) as decoder:
+            decoder.start([c[:-1] for c in contexts])
+            together = np.array(decoder.step(list(range(len(contexts))), [c[-1] for c in contexts]))
+        alone = []
+        for context in contexts:
+            with backend.decoder(1) as decoder:
+                decoder.start([context[:-1]])
+                alone.append(np.array(decoder.step([0], [context[-1]]))[0])
+    worst = max(float(np.abs(together[k] - alone[k]).max()) for k in range(len(contexts)))
+    print(f"\n{threads} thread(s), contexts of {[len(c) for c in contexts]} tokens: max |d logit| stepped "
+          f"together vs alone {worst:.2e}")
+    assert all(np.array_equal(together[k], alone[k]) for k in range(len(contexts)))
