@@ -3,7 +3,7 @@
 The wheel is cached under $FASTSCORE_HOME/wheels (default ~/.cache/fastscore), keyed by the sdist, the patches,
 CMAKE_ARGS and the host CPU's instruction sets (llama.cpp is compiled for them), so a fresh clone on the same
 machine installs it in seconds instead of compiling llama.cpp again (minutes). Its version carries a local label
-(0.3.36+fastscore5), so `pip show`, every run's recorded library versions and the shard manifests name the patched
+(0.3.36+fastscore6), so `pip show`, every run's recorded library versions and the shard manifests name the patched
 build; the label still satisfies `==0.3.36`.
 
 Standard library only: it runs before fastscore is installed (the Makefile installs this wheel first, so that
@@ -32,7 +32,7 @@ PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-LOCAL_LABEL = "fastscore5"  # bump with every change to the patch set
+LOCAL_LABEL = "fastscore6"  # bump with every change to the patch set
 HERE = Path(__file__).resolve().parent
 # Some x86 VMs report AMX in CPUID but trap on its tile instructions (SIGILL in llama_decode, seen on the study's
 # machine), and llama.cpp builds for the host CPU (GGML_NATIVE), so AMX kernels are switched off unless CMAKE_ARGS
