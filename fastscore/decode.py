@@ -39,7 +39,7 @@ from functools import lru_cache
 import numpy as np
 
 from fastscore.backends.base import Decoder
-from fastscore.mathops import softmax
+from fastscore.mathops import softmax, softmax_in_place
 
 
 END_OF_TURN = "end_of_turn"
@@ -153,8 +153,10 @@ def _sample(logits: np.ndarray, temperature: float, rngs: Sequence[np.random.Gen
     """One token per row from softmax(row / temperature), by inverse CDF on the row's own uniform draw."""
     chosen = np.empty(len(rngs), dtype=np.int64)
     for row, rng in enumerate(rngs):
-        probs = softmax(logits[row].astype(np.float64) / temperature)  # a banned token (-inf) gets 0
-        cdf = np.cumsum(probs)
+        scaled = logits[row].astype(np.float64)
+        if temperature != 1.0:  # x / 1.0 is x: the study's temperature skips a pass over the vocabulary
+            scaled /= temperature
+        cdf = np.cumsum(softmax_in_place(scaled))  # a banned token (-inf) gets 0
         chosen[row] = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cdf) - 1)
     return chosen
 

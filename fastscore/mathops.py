@@ -10,8 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 
-# Rows per block: 256 x 49152 float64 temporaries = 100 MB at most, small next to the logits themselves.
-_BLOCK_ROWS = 256
+# Rows per block. A block's temporaries (32 x 49152 float32 = 6 MB) come back from the heap block after block;
+# at 256 rows (50 MB) each was fresh memory, and the kernel zeroing its pages took 5.7% of the study's scoring
+# stage (docs/performance.md, "The softmax cut at each row's last cell").
+_BLOCK_ROWS = 32
 
 
 def _as_rows(logits: np.ndarray) -> np.ndarray:
@@ -31,25 +33,39 @@ def logsumexp_rows(logits: np.ndarray, exact_exp: bool = False) -> np.ndarray:
     By default the shifted exponentials (all in (0, 1]) are taken in the input precision, float32 for llama.cpp
     logits, which is 2.5x faster and moves the result by < 1e-7 nats; exact_exp=True takes them in float64.
     """
-    rows = _as_rows(logits)
-    out = np.empty(rows.shape[0], dtype=np.float64)
-    for start in range(0, rows.shape[0], _BLOCK_ROWS):
-        block = rows[start : start + _BLOCK_ROWS]
+    return _normalisers(_as_rows(logits), None, exact_exp)[0]
+
+
+def _normalisers(rows: np.ndarray, which: np.ndarray | None, exact_exp: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """logsumexp and argmax of rows[which] (all rows if None), block by block: no copy of the chosen rows at once."""
+    n = rows.shape[0] if which is None else len(which)
+    lse, argmax = np.empty(n, dtype=np.float64), np.empty(n, dtype=np.int64)
+    for start in range(0, n, _BLOCK_ROWS):
+        block = rows[start : start + _BLOCK_ROWS] if which is None else rows[which[start : start + _BLOCK_ROWS]]
         peak = block.max(axis=1, keepdims=True)
         if not np.all(np.isfinite(peak)):
             raise FloatingPointError("logits contain a row whose maximum is not finite")
+        argmax[start : start + len(block)] = block.argmax(axis=1)
         shifted = block.astype(np.float64) - peak if exact_exp else block - peak
         np.exp(shifted, out=shifted)
-        out[start : start + len(block)] = peak[:, 0].astype(np.float64) + np.log(shifted.sum(axis=1, dtype=np.float64))
-    return out
+        lse[start : start + len(block)] = peak[:, 0].astype(np.float64) + np.log(shifted.sum(axis=1, dtype=np.float64))
+    return lse, argmax
 
 
 def softmax(values) -> np.ndarray:
     """float64 probabilities proportional to exp(values) of one 1-D vector (a candidate set's log-probs, a logits
     row); -inf entries get probability 0."""
-    x = np.asarray(values, dtype=np.float64)
-    shifted = np.exp(x - x.max())
-    return shifted / shifted.sum()
+    return softmax_in_place(np.array(values, dtype=np.float64))
+
+
+def softmax_in_place(x: np.ndarray) -> np.ndarray:
+    """`x` (a float64 1-D vector) overwritten with softmax(x) and returned: the steps of softmax without its
+    temporaries (sampling takes one per generated token, over the whole vocabulary)."""
+    x -= x.max()
+    np.exp(x, out=x)
+    x /= x.sum()
+    return x
 
 
 def log_softmax_rows(logits: np.ndarray) -> np.ndarray:
@@ -78,9 +94,9 @@ def gather_logprobs(
         raise ValueError(f"row indices must lie in [0, {logits.shape[0]})")
     used = np.unique(rows)
     # Normalise only the rows some target reads; `where` maps a row index to its place in `used`.
-    lse = logsumexp_rows(logits[used]) if len(used) < logits.shape[0] else logsumexp_rows(logits)
-    argmax = logits[used].argmax(axis=1) if len(used) < logits.shape[0] else logits.argmax(axis=1)
-    where = np.searchsorted(used, rows) if len(used) < logits.shape[0] else rows
+    every = len(used) == logits.shape[0]
+    lse, argmax = _normalisers(logits, None if every else used)
+    where = rows if every else np.searchsorted(used, rows)
     picked = logits[rows, targets].astype(np.float64)
     return picked - lse[where], argmax[where] == targets
 
