@@ -3,13 +3,13 @@
 The wheel is cached under $FASTSCORE_HOME/wheels (default ~/.cache/fastscore), keyed by the sdist, the patches,
 CMAKE_ARGS and the host CPU's instruction sets (llama.cpp is compiled for them), so a fresh clone on the same
 machine installs it in seconds instead of compiling llama.cpp again (minutes). Its version carries a local label
-(0.3.36+fastscore7), so `pip show`, every run's recorded library versions and the shard manifests name the patched
+(0.3.36+fastscore8), so `pip show`, every run's recorded library versions and the shard manifests name the patched
 build; the label still satisfies `==0.3.36`.
 
 Standard library only: it runs before fastscore is installed (the Makefile installs this wheel first, so that
 `pip install -e .[all]` keeps it instead of fetching the unpatched one). What the patches change and what they gain:
 docs/performance.md, "llama.cpp with three patches", "Weights decoded from their compact file", "Attention cut at
-each block's last cell" and "The softmax cut at each row's last cell".
+each block's last cell" and "The softmax cut at each row's last cell" (which also covers 0007, the V cache's writes).
 
     python llamacpp/build_wheel.py [--pip .venv/bin/pip]
 """
@@ -32,7 +32,7 @@ PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
 SDIST = f"llama_cpp_python-{VERSION}.tar.gz"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-LOCAL_LABEL = "fastscore7"  # bump with every change to the patch set
+LOCAL_LABEL = "fastscore8"  # bump with every change to the patch set
 HERE = Path(__file__).resolve().parent
 # Some x86 VMs report AMX in CPUID but trap on its tile instructions (SIGILL in llama_decode, seen on the study's
 # machine), and llama.cpp builds for the host CPU (GGML_NATIVE), so AMX kernels are switched off unless CMAKE_ARGS
