@@ -273,6 +273,25 @@ def test_log_softmax_rows_normalises_in_float64():
     assert np.abs(logsumexp_rows(logits) - want).max() < 1e-4
 
 
+def test_gather_logprobs_over_many_blocks_gives_each_row_its_own_bits():
+    """The normalisers are taken block by block over the rows some target reads (every row, or a subset spread over
+    several blocks): each equals the row's own computation alone, to the bit, and so does its argmax."""
+    rng = np.random.default_rng(1)
+    logits = (rng.normal(size=(150, 3000)) * 6).astype(np.float32)
+    logits[7, :] = logits[7, 0]  # a row of ties: the argmax is the first index
+    for rows in (np.arange(150), np.array([149, 3, 3, 7, 40, 41, 100, 7])):
+        targets = rng.integers(0, 3000, len(rows))
+        lp, am = gather_logprobs(logits, targets, rows=rows)
+        for k, (r, t) in enumerate(zip(rows, targets)):
+            row = logits[r : r + 1]
+            peak = row.max(axis=1, keepdims=True)
+            shifted = row - peak
+            np.exp(shifted, out=shifted)
+            lse = peak[0, 0].astype(np.float64) + np.log(shifted.sum(axis=1, dtype=np.float64))[0]
+            assert lp[k] == np.float64(logits[r, t]) - lse
+            assert am[k] == (int(row.argmax()) == t)
+
+
 def test_gather_logprobs_rows_and_argmax():
     logits = np.array([[0.0, 1.0, 1.0, -2.0], [3.0, 0.0, 0.0, 0.0]], dtype=np.float32)
     lp, am = gather_logprobs(logits, np.array([1, 2, 0, 3]), rows=np.array([0, 0, 1, 1]))
