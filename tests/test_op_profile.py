@@ -125,7 +125,7 @@ def test_compare_layouts_closes_every_opened_backend(monkeypatch):
     opened, closed = [], []
 
     class FakeBackend:
-        def __init__(self, path, threads, options):
+        def __init__(self, path, threads, options, compact=None, check_compact=True):
             if opened:
                 raise ModelLoadError("the second layout does not open")
             opened.append(self)
@@ -144,6 +144,23 @@ def test_compare_layouts_closes_every_opened_backend(monkeypatch):
     with pytest.raises(ModelLoadError):
         compare_layouts(Path("unused.gguf"), 1, ["first", "second"], [], [], 1, 1)
     assert len(opened) == 1 and closed == opened
+
+
+def test_the_observed_backend_computes_from_the_weights_file_the_product_loads(monkeypatch):
+    """The op profile measures the product's path: on f32 the compact file's weights decoded in each product."""
+    import fastscore.backends.llamacpp as llamacpp
+    from fastscore.bench.lab.op_capture import observed_backend
+
+    seen = {}
+
+    class FakeBackend:
+        def __init__(self, path, threads, options, compact=None, check_compact=True):
+            seen.update(path=path, compact=compact, check_compact=check_compact)
+
+    monkeypatch.setattr(llamacpp, "LlamaCppBackend", FakeBackend)
+    observed_backend(Path("model.gguf"), 1, None, object(), Path("compact.gguf"))
+    # its bits were checked when the product's own backend opened it
+    assert seen == {"path": Path("model.gguf"), "compact": Path("compact.gguf"), "check_compact": False}
 
 
 def test_the_gap_is_split_without_remainder():
@@ -203,6 +220,7 @@ def test_op_profile_of_a_tiny_model(tiny_model, study_data, tmp_path):
     result = run_op_profile(opts, scratch_dir=tmp_path)
     print(render(result))
     assert json.loads(json.dumps(result)) == result
+    assert result["weights_file"] == result["gguf"]  # a tiny model has no compact weights file
     layers, head_dim = tiny.LAYERS, tiny.HIDDEN // tiny.HEADS
 
     scoring = result["scoring"]
@@ -224,7 +242,7 @@ def test_op_profile_of_a_tiny_model(tiny_model, study_data, tmp_path):
     assert kinds["matmul k"]["flops"] == layers * 2 * tiny.HIDDEN * tiny.KV_HEADS * head_dim * computed
     shapes = scoring["attention"]["micro_batch_shapes"]
     assert sum(s[1] * s[3] for s in shapes) == computed  # every computed token in one micro-batch
-    assert all(s[0] % 256 == 0 and s[2] == tiny.HEADS for s in shapes)  # cells in 256-cell blocks, per head
+    assert all(s[0] % 64 == 0 and s[2] == tiny.HEADS for s in shapes)  # cells padded to 64 (llamacpp/0002), per head
     assert sum(r["excess_seconds"] for r in scoring["gap"]["rows"]) == pytest.approx(
         scoring["plain_seconds"] - scoring["gap"]["roofline_seconds"])
 

@@ -149,13 +149,14 @@ class TimedLlama:
         self.decode_seconds, self.decode_calls = 0.0, 0
 
 
-def observed_backend(path, n_threads: int | None, options, library: TimedLlama):
+def observed_backend(path, n_threads: int | None, options, library: TimedLlama, compact=None):
     """The product's llama.cpp backend with every llama.cpp call going through `library`: a subclass made here, so
-    the backend itself carries no profiling code."""
+    the backend itself carries no profiling code. `compact`: the weights file the product computes from instead of
+    `path` (LlamaCppBackend's `compact`; its bits were checked when the product opened it)."""
     from fastscore.backends.llamacpp import LlamaCppBackend
 
     class ObservedLlamaCppBackend(LlamaCppBackend):
         def llama_library(self, module):
             return library
 
-    return ObservedLlamaCppBackend(path, n_threads, options)
+    return ObservedLlamaCppBackend(path, n_threads, options, compact=compact, check_compact=False)

@@ -2,7 +2,8 @@
 `fastscore bench throughput` and of batched greedy decoding steps, set against the FLOP roofline.
 
 One worker process (BLAS/OpenMP threads set as in `fastscore bench throughput`) measures the sgemm limit, then runs
-the same work twice on the same GGUF and options: on a plain backend, timed only around llama_decode (the
+the same work twice on the same GGUF and options (computing from the compact weights file where the product does,
+as on f32 by default; `--backend-option compact_weights=false` for the f32 file itself): on a plain backend, timed only around llama_decode (the
 unprofiled figures), and on a backend whose contexts carry ggml's scheduler eval callback, which times every graph
 node (fastscore.bench.lab.op_capture: a subclass of the product's backend whose llama.cpp calls go through a wrapper
 that sets the callback; the backend itself has no profiling code). The work is the product's paths: `score_tokens` on every request of the workload in
@@ -117,14 +118,14 @@ def _decode_once(backend, lib, timer, contexts, new_tokens: int) -> dict:
 
 
 def measure_layout(path: Path, threads: int, options, requests, contexts, new_tokens: int, repeats: int,
-                   profiled: bool) -> dict:
+                   profiled: bool, compact: Path | None = None) -> dict:
     """Scoring and decoding `repeats` times each (after a warm-up) on a fresh backend, profiled or not."""
     from fastscore.backends.llamacpp import llama_module
     from fastscore.bench.lab.op_capture import NodeTimer, TimedLlama, observed_backend
 
     timer = NodeTimer() if profiled else None
     lib = TimedLlama(llama_module(), eval_callback=timer.callback if timer else None)
-    with observed_backend(path, threads, options, lib) as backend:
+    with observed_backend(path, threads, options, lib, compact) as backend:
         _phase(timer, "warm-up")
         backend.score_tokens(requests[:4])
         _decode_once(backend, lib, timer, contexts[:2], 2)
@@ -155,10 +156,13 @@ def run_worker_spec(spec: dict) -> dict:
         requests = token_requests(scorer, workload)
         distinct = [context_ids(scorer, s) for s in workload.sets]
         path = scorer.backend.path
+        # the file the product computes from: the compact weights where it loads them (the default on f32)
+        weights = scorer.backend.weights_file
+    compact = weights if weights != path else None
     contexts = [distinct[i % len(distinct)] for i in range(spec["decode_contexts"])]
     trie = distinct_prefix_positions([r.tokens for r in requests])
     steps = np.array([len(c) + k for c in contexts for k in range(spec["new_tokens"])], dtype=np.float64)
-    out = {"sgemm": sgemm, "gguf": str(path),
+    out = {"sgemm": sgemm, "gguf": str(path), "weights_file": str(weights),
            "scoring_facts": {"requests": len(requests), "requested_tokens": int(sum(len(r.tokens) for r in requests)),
                              "trie_minimal_tokens": int(trie.size), "attended_cells": float((trie + 1.0).sum()),
                              "mean_trie_position": float(trie.mean()),
@@ -168,17 +172,17 @@ def run_worker_spec(spec: dict) -> dict:
                               "mean_context_tokens": float(np.mean([len(c) for c in contexts]))}}
     for label, profiled in (("plain", False), ("profiled", True)):
         out[label] = measure_layout(path, spec["threads"], options, requests, contexts, spec["new_tokens"],
-                                    spec["repeats"], profiled)
+                                    spec["repeats"], profiled, compact)
     if spec.get("compare"):
         layouts = [options] + [options_for("llamacpp", {**(spec.get("backend_options") or {}), **extra})
                                for extra in spec["compare"]]
         out["layouts"] = compare_layouts(path, spec["threads"], layouts, requests, contexts, spec["new_tokens"],
-                                         spec["repeats"])
+                                         spec["repeats"], compact)
     return out
 
 
 def compare_layouts(path: Path, threads: int, layouts: Sequence, requests, contexts, new_tokens: int,
-                    repeats: int) -> list[dict]:
+                    repeats: int, compact: Path | None = None) -> list[dict]:
     """Unprofiled scoring and decoding on one backend per layout (options record), the layouts alternating within
     each repeat so drift of the machine's speed hits them alike; each layout's log-probs against the first's."""
     from fastscore.backends.llamacpp import llama_module
@@ -186,7 +190,7 @@ def compare_layouts(path: Path, threads: int, layouts: Sequence, requests, conte
 
     libs = [TimedLlama(llama_module()) for _ in layouts]
     with contextlib.ExitStack() as opened:  # a backend that fails to open still closes those opened before it
-        backends = [opened.enter_context(observed_backend(path, threads, o, lib))
+        backends = [opened.enter_context(observed_backend(path, threads, o, lib, compact))
                     for o, lib in zip(layouts, libs)]
         logprobs = []
         for backend, lib in zip(backends, libs):  # warm-up, and the log-probs compared
@@ -325,7 +329,7 @@ def run_op_profile(opts: OpProfileOptions, scratch_dir: Path | None = None) -> d
     options = {k: _jsonable(v) for k, v in asdict(opts).items()}
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-        "options": options, "gguf": raw["gguf"], "shape": shape.to_dict(), "sgemm": raw["sgemm"],
+        "options": options, "gguf": raw["gguf"], "weights_file": raw.get("weights_file", raw["gguf"]), "shape": shape.to_dict(), "sgemm": raw["sgemm"],
         "workload": {"items": workload.n_items, "contexts": len(workload.sets), **raw["scoring_facts"]},
         "decoding": raw["decoding_facts"], **figures(raw, shape),
         "max_rss_mb": raw["max_rss_bytes"] / 2**20, "llamacpp_build": raw.get("llamacpp_build"),

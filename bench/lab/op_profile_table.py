@@ -39,8 +39,11 @@ def render(result: dict) -> str:
 
     o, m, w, d = result["options"], result["machine"], result["workload"], result["decoding"]
     sgemm = result["sgemm"]["gflops"]
+    weights = Path(result.get("weights_file") or result["gguf"])
+    computed_from = "" if weights == Path(result["gguf"]) else f", computed from {weights.name}"
     parts = [
-        f"op profile — {result['date_utc']} — {o['model']} llama.cpp {o['quant']} ({Path(result['gguf']).name}), "
+        f"op profile — {result['date_utc']} — {o['model']} llama.cpp {o['quant']} ({Path(result['gguf']).name}"
+        f"{computed_from}), "
         f"threads {o['threads']}, repeats {o['repeats']}, options {dict(o['backend_options']) or 'defaults'}",
         f"load average at start {m['load_average_at_start']}, at end {m['load_average_at_end']} on {m['cpu_count']} "
         f"CPUs, nice {m['nice']}",
