@@ -23,3 +23,15 @@ def test_kv_read_prints_each_mode_with_its_rate_against_the_plain_read():
 def test_kv_read_refuses_cells_it_cannot_tile():
     result = CliRunner().invoke(kv_read.main, ["--cells", "100"])
     assert result.exit_code == 2 and "--cells: a multiple of 64" in result.output
+
+
+def test_each_mode_is_set_against_its_own_plain_read():
+    # K's modes against K's plain read (mode 0), V's against V's (mode 3): a mode twice as slow reads at half the rate
+    seconds = {0: 0.010, 1: 0.020, 2: 0.040, 3: 0.050, 4: 0.100, 5: 0.025}
+    rows = {name: rest for name, *rest in kv_read.table_rows(seconds, mb=100.0)}
+    assert rows["K: plain read"] == [10.0, 10.0, 1.0]
+    assert rows["KQ: one product per query head"] == [20.0, 5.0, 0.5]
+    assert rows["KQ: query heads of a KV head in one product"][2] == 0.25
+    assert rows["V: plain read"] == [50.0, 2.0, 1.0]
+    assert rows["KQV: one product per query head"][2] == 0.5
+    assert rows["KQV: query heads of a KV head in one product"][2] == 2.0

@@ -6,8 +6,8 @@ The llama-cpp-python wheel is the one `make install` built and cached (llamacpp/
 FASTSCORE_HOME); the test skips when it would have to be compiled (a few minutes). Not a wheel from pip's own cache:
 pip compiles PyPI's sdist for the host CPU, AMX included, and on this project's machines (whose CPUs report AMX but
 whose hypervisor faults on its tile instructions) such a build crashes in `ggml_backend_amx_mul_mat`
-(docs/install.md). The first conversion runs in an empty FASTSCORE_HOME, so its message and progress bar are checked
-too.
+(docs/install.md). So PyPI's own build of llama-cpp-python is not what this test installs: compiling it takes ~12
+min. The first conversion runs in an empty FASTSCORE_HOME, so its message and progress bar are checked too.
 """
 
 from __future__ import annotations

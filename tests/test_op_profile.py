@@ -257,6 +257,7 @@ def test_op_profile_of_a_tiny_model(tiny_model, study_data, tmp_path):
     # batch-invariant: micro-batches of 64 tokens instead of 512 move nothing beyond float rounding).
     first, other = result["layouts"]
     assert first["changed"] == {} and other["changed"] == {"n_ubatch": 64}
+    assert first["weights_file"] == other["weights_file"] == result["weights_file"]
     assert first["computed_tokens"] == other["computed_tokens"] == computed
     assert first["max_abs_logprob_diff_vs_first"] == 0.0 and other["max_abs_logprob_diff_vs_first"] <= BATCH_INVARIANCE_TOL
     assert other["scoring_speedup"] == pytest.approx(first["scoring_seconds"] / other["scoring_seconds"])

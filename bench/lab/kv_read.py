@@ -9,7 +9,10 @@ built) that lays out f32 K and V as llama.cpp's streams do (per layer and stream
 - a plain read of the cells in use (a vector sum): what reading those bytes once costs on one core;
 - the products as tinyBLAS runs them for one query row (4-row tiles, one column, each element summed over
   16-float steps into one accumulator, then added across its lanes), one product per query head;
-- the same products with the query heads that share a KV head as the columns of one product (tiles of 4 x 3).
+- the same products with the query heads that share a KV head as the columns of one product (tiles of 4 rows by
+  that many columns).
+
+It allocates K, V and the queries for every stream and layer at once: about 1.5 GB at the defaults.
 
     python -m fastscore.bench.lab.kv_read
     python -m fastscore.bench.lab.kv_read --streams 32 --cells 448 --repeats 5
@@ -73,7 +76,7 @@ int main(int argc, char **argv) {
     const long G = H/KVH, E = KVH*D, chunk = KV*E;
     float *K = aligned_alloc(64, S*L*chunk*sizeof(float)), *V = aligned_alloc(64, S*L*chunk*sizeof(float));
     float *Q = aligned_alloc(64, S*L*H*D*sizeof(float)), *P = aligned_alloc(64, S*L*H*KV*sizeof(float));
-    float *O = aligned_alloc(64, H*KV*sizeof(float));
+    float *O = aligned_alloc(64, H*(KV > D ? KV : D)*sizeof(float));  // KQ writes H rows of KV, KQV H rows of D
     if (!K || !V || !Q || !P || !O) return 3;
     for (long i = 0; i < S*L*chunk; i++) { K[i] = (float)(i % 97)*0.01f; V[i] = (float)(i % 89)*0.01f; }
     for (long i = 0; i < S*L*H*D; i++) Q[i] = (float)(i % 13)*0.1f;
@@ -87,11 +90,19 @@ int main(int argc, char **argv) {
                 const float *k = K + c*chunk, *v = V + c*chunk, *q = Q + c*H*D, *p = P + c*H*KV;
                 switch (mode) {
                 case 0: sink += read_rows(k, U*E, 1, U*E); break;
-                case 1: for (long h = 0; h < H; h++) product(k + (h/G)*D, E, q + h*D, D, O + h*KV, KV, U, 1, D); break;
-                case 2: for (long g = 0; g < KVH; g++) product(k + g*D, E, q + g*G*D, D, O + g*G*KV, KV, U, G, D); break;
+                case 1:
+                    for (long h = 0; h < H; h++) product(k + (h/G)*D, E, q + h*D, D, O + h*KV, KV, U, 1, D);
+                    break;
+                case 2:
+                    for (long g = 0; g < KVH; g++) product(k + g*D, E, q + g*G*D, D, O + g*G*KV, KV, U, G, D);
+                    break;
                 case 3: sink += read_rows(v, KV, E, U); break;
-                case 4: for (long h = 0; h < H; h++) product(v + (h/G)*D*KV, KV, p + h*KV, KV, O + h*D, D, D, 1, U); break;
-                case 5: for (long g = 0; g < KVH; g++) product(v + g*D*KV, KV, p + g*G*KV, KV, O + g*G*D, D, D, G, U); break;
+                case 4:
+                    for (long h = 0; h < H; h++) product(v + (h/G)*D*KV, KV, p + h*KV, KV, O + h*D, D, D, 1, U);
+                    break;
+                case 5:
+                    for (long g = 0; g < KVH; g++) product(v + g*D*KV, KV, p + g*G*KV, KV, O + g*G*D, D, D, G, U);
+                    break;
                 }
             }
             const double dt = now() - t;
@@ -131,8 +142,8 @@ def _compile(folder: Path) -> Path:
 @click.command()
 @click.option("--streams", default=32, show_default=True, type=click.IntRange(1), help="Rows (one per KV stream).")
 @click.option("--layers", default=30, show_default=True, type=click.IntRange(1))
-@click.option("--kv-size", default=1024, show_default=True, type=click.IntRange(16), help="Cells per stream.")
-@click.option("--cells", default=640, show_default=True, type=click.IntRange(16),
+@click.option("--kv-size", default=1024, show_default=True, type=click.IntRange(64), help="Cells per stream.")
+@click.option("--cells", default=640, show_default=True, type=click.IntRange(64),
               help="Cells in use per stream (a multiple of 64, at most --kv-size).")
 @click.option("--kv-heads", default=3, show_default=True, type=click.IntRange(1))
 @click.option("--head-dim", default=64, show_default=True, type=click.IntRange(16))
@@ -149,17 +160,26 @@ def main(streams: int, layers: int, kv_size: int, cells: int, kv_heads: int, hea
                                    "has no avx512f")
     with tempfile.TemporaryDirectory() as folder:
         binary = _compile(Path(folder))
-        out = subprocess.run([str(binary), *map(str, (streams, layers, kv_size, cells, kv_heads, head_dim, heads,
-                                                      repeats))], check=True, capture_output=True, text=True).stdout
-    seconds = {int(mode): float(s) for mode, s in (line.split() for line in out.splitlines())}
+        run = subprocess.run([str(binary), *map(str, (streams, layers, kv_size, cells, kv_heads, head_dim, heads,
+                                                      repeats))], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise click.ClickException(f"the timing program failed (exit {run.returncode}; 3: out of memory for "
+                                   f"{streams} streams x {layers} layers x {kv_size} cells)")
+    seconds = {int(mode): float(s) for mode, s in (line.split() for line in run.stdout.splitlines())}
     mb = streams * layers * cells * kv_heads * head_dim * 4 / 1e6
     click.echo(f"{streams} streams x {layers} layers, {cells} of {kv_size} cells, {heads} query heads on {kv_heads} KV "
                f"heads of {head_dim}: K and V {mb:.1f} MB each per step, one core, best of {repeats}")
-    click.echo(f"{'':46s}  ms/step   GB/s  / plain read")
-    for mode, name in enumerate(MODES):
-        plain = seconds[0 if mode < 3 else 3]
-        click.echo(f"{name:46s}  {seconds[mode] * 1e3:7.1f}  {mb / 1e3 / seconds[mode]:5.1f}  "
-                   f"{plain / seconds[mode]:10.2f}")
+    click.echo(f"{'':46s}  ms/step   GB/s  plain read's ms / these")
+    for name, ms, gbs, of_read in table_rows(seconds, mb):
+        click.echo(f"{name:46s}  {ms:7.1f}  {gbs:5.1f}  {of_read:23.2f}")
+
+
+def table_rows(seconds: dict[int, float], mb: float) -> list[tuple[str, float, float, float]]:
+    """(mode, ms per step, GB/s, the plain read's seconds / the mode's) per mode: `seconds` per mode as the program
+    prints them, `mb` the megabytes of K (= of V) a step reads. The last is the mode's rate as a share of the plain
+    read's, K's modes against K's read and V's against V's."""
+    return [(name, seconds[mode] * 1e3, mb / 1e3 / seconds[mode], seconds[0 if mode < 3 else 3] / seconds[mode])
+            for mode, name in enumerate(MODES)]
 
 
 if __name__ == "__main__":

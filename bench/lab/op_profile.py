@@ -2,13 +2,14 @@
 `fastscore bench throughput` and of batched greedy decoding steps, set against the FLOP roofline.
 
 One worker process (BLAS/OpenMP threads set as in `fastscore bench throughput`) measures the sgemm limit, then runs
-the same work twice on the same GGUF and options (computing from the compact weights file where the product does,
-as on f32 by default; `--backend-option compact_weights=false` for the f32 file itself): on a plain backend, timed only around llama_decode (the
-unprofiled figures), and on a backend whose contexts carry ggml's scheduler eval callback, which times every graph
-node (fastscore.bench.lab.op_capture: a subclass of the product's backend whose llama.cpp calls go through a wrapper
-that sets the callback; the backend itself has no profiling code). The work is the product's paths: `score_tokens` on every request of the workload in
-one call (trie groups, `max_group_tokens`, the default layout), and greedy decoding of `decode_contexts` workload
-contexts through the backend's decoder (one KV stream per context by default), `new_tokens` argmax steps.
+the same work twice on the same GGUF and options, from the weights file the product computes from (on f32 the
+compact file, unless `--backend-option compact_weights=false`): on a plain backend, timed only around llama_decode
+(the unprofiled figures), and on a backend whose contexts carry ggml's scheduler eval callback, which times every
+graph node (fastscore.bench.lab.op_capture: a subclass of the product's backend whose llama.cpp calls go through a
+wrapper that sets the callback; the backend itself has no profiling code). The work is the product's paths:
+`score_tokens` on every request of the workload in one call (trie groups, `max_group_tokens`, the default layout),
+and greedy decoding of `decode_contexts` workload contexts through the backend's decoder (one KV stream per context
+by default), `new_tokens` argmax steps.
 
 Nodes are classified and summed per kind (fastscore.bench.lab.op_kinds); the gap between the measured time and the
 roofline (the FLOPs the work needs at the sgemm rate: each distinct prefix once, attention over each token's own
@@ -155,10 +156,10 @@ def run_worker_spec(spec: dict) -> dict:
     with selection.open() as scorer:
         requests = token_requests(scorer, workload)
         distinct = [context_ids(scorer, s) for s in workload.sets]
-        path = scorer.backend.path
-        # the file the product computes from: the compact weights where it loads them (the default on f32)
-        weights = scorer.backend.weights_file
-    compact = weights if weights != path else None
+        path, weights = scorer.backend.path, scorer.backend.weights_file
+    # Every layout gets the artefact's compact file, as the product's backend does; each uses it where its own
+    # options ask for it (compact_weights), so a compared layout may compute from another file than the first.
+    compact = selection.artefact().compact_path
     contexts = [distinct[i % len(distinct)] for i in range(spec["decode_contexts"])]
     trie = distinct_prefix_positions([r.tokens for r in requests])
     steps = np.array([len(c) + k for c in contexts for k in range(spec["new_tokens"])], dtype=np.float64)
@@ -201,9 +202,9 @@ def compare_layouts(path: Path, threads: int, layouts: Sequence, requests, conte
             for backend, lib, run in zip(backends, libs, runs):
                 run["scoring"].append(_score_once(backend, lib, None, requests))
                 run["decoding"].append(_decode_once(backend, lib, None, contexts, new_tokens))
-    return [{"options": asdict(o), **run,
+    return [{"options": asdict(o), "weights_file": str(backend.weights_file), **run,
              "max_abs_logprob_diff_vs_first": float(np.max(np.abs(lp - logprobs[0])))}
-            for o, run, lp in zip(layouts, runs, logprobs)]
+            for o, backend, run, lp in zip(layouts, backends, runs, logprobs)]
 
 
 # ---------------------------------------------------------------- the parent: figures
@@ -294,6 +295,7 @@ def layout_figures(layouts: Sequence[dict], base: dict, step_tokens: int, unique
         score = statistics.median(r["seconds"] for r in lay["scoring"])
         step = statistics.median(r["step_seconds"] for r in lay["decoding"])
         rows.append({"changed": {k: v for k, v in lay["options"].items() if base.get(k) != v},
+                     "weights_file": lay.get("weights_file"),
                      "scoring_seconds": score, "scoring_runs": [r["seconds"] for r in lay["scoring"]],
                      "unique_tokens_per_s": unique_tokens / score,
                      "computed_tokens": lay["scoring"][0]["computed_tokens"],
@@ -329,7 +331,8 @@ def run_op_profile(opts: OpProfileOptions, scratch_dir: Path | None = None) -> d
     options = {k: _jsonable(v) for k, v in asdict(opts).items()}
     return {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-        "options": options, "gguf": raw["gguf"], "weights_file": raw.get("weights_file", raw["gguf"]), "shape": shape.to_dict(), "sgemm": raw["sgemm"],
+        "options": options, "gguf": raw["gguf"], "weights_file": raw["weights_file"], "shape": shape.to_dict(),
+        "sgemm": raw["sgemm"],
         "workload": {"items": workload.n_items, "contexts": len(workload.sets), **raw["scoring_facts"]},
         "decoding": raw["decoding_facts"], **figures(raw, shape),
         "max_rss_mb": raw["max_rss_bytes"] / 2**20, "llamacpp_build": raw.get("llamacpp_build"),
