@@ -116,3 +116,42 @@ def test_the_timed_decoder_passes_everything_through_and_times_each_step():
         timed.join_step([0], [7], [[8, 9]])
     assert inner.calls == ["reserve", "start", "step", "join", "close"]
     assert timed.rows == [2, 2] and timed.joins == [0, 1] and len(timed.seconds) == 2
+    assert timed.cells == [None, None]  # a decoder that keeps no positions says nothing of its cells
+
+
+def test_the_timed_decoder_counts_the_cells_each_step_attends():
+    """A stream decoder's next_pos: the next token's position, so its row attends next_pos + 1 cells; a joining
+    context's last token runs in the step at position len - 1, attending len cells."""
+    import numpy as np
+
+    from fastscore.backends.base import Decoder
+    from fastscore.bench.lab.decode_levers import TimedDecoder
+
+    class Positions(Decoder):
+        refills = True
+
+        def __init__(self) -> None:
+            self.next_pos: list[int] = []
+
+        def start(self, contexts):
+            self.next_pos = [len(c) for c in contexts]
+            return np.zeros((len(contexts), 4), dtype=np.float32)
+
+        def step(self, active, tokens):
+            for i in active:
+                self.next_pos[i] += 1
+            return np.zeros((len(active), 4), dtype=np.float32)
+
+        def join_step(self, active, tokens, joining):
+            self.next_pos += [len(c) - 1 for c in joining]
+            return self.step([*active, *range(len(self.next_pos) - len(joining), len(self.next_pos))], tokens)
+
+        def close(self):
+            pass
+
+    with TimedDecoder(Positions()) as timed:
+        timed.start([[1, 2, 3], [4]])  # next positions 3 and 1
+        timed.step([0, 1], [5, 6])  # rows attend 4 + 2 cells
+        timed.step([0], [7])  # 5
+        timed.join_step([0], [8], [[9, 9, 9, 9, 9, 9]])  # 6 + 6
+    assert timed.cells == [6, 5, 12]

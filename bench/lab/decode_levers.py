@@ -150,14 +150,25 @@ class TimedDecoder(CountingDecoder):
     def __init__(self, inner) -> None:
         super().__init__(inner)
         self.seconds: list[float] = []
+        self.cells: list[int | None] = []  # cells the step's rows attend in all (None: the decoder does not say)
+
+    def _attended(self, active, joining=()) -> int | None:
+        # A stream decoder's next_pos[i]: the position sequence i's next token takes, so its row attends next_pos + 1
+        # cells; a joining context's last token runs in the step, at position len - 1.
+        positions = getattr(self.inner, "next_pos", None)
+        if positions is None:
+            return None
+        return sum(positions[i] + 1 for i in active) + sum(len(c) for c in joining)
 
     def step(self, active, tokens):
+        self.cells.append(self._attended(active))
         started = time.perf_counter()
         out = super().step(active, tokens)
         self.seconds.append(time.perf_counter() - started)
         return out
 
     def join_step(self, active, tokens, joining):
+        self.cells.append(self._attended(active, joining))
         started = time.perf_counter()
         out = super().join_step(active, tokens, joining)
         self.seconds.append(time.perf_counter() - started)
@@ -219,7 +230,7 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
                           "budgets": [budgets[i] for i in own], "followers": len(out) - len(own),
                           "env": getattr(current, "env", ""), "lane": threading.current_thread().name,
                           "started": started, "step_rows": timed.rows, "step_joins": timed.joins,
-                          "step_seconds": timed.seconds})
+                          "step_seconds": timed.seconds, "step_cells": timed.cells})
         return out
 
     def patch(on: bool) -> None:

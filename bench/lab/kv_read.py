@@ -155,6 +155,18 @@ def main(streams: int, layers: int, kv_size: int, cells: int, kv_heads: int, hea
     if cells % 64 or cells > kv_size or head_dim % 16 or heads % kv_heads or heads // kv_heads > 3:
         raise click.UsageError("--cells: a multiple of 64 up to --kv-size; --head-dim: a multiple of 16; "
                                "--heads: 1 to 3 query heads per KV head")
+    seconds = timed_modes(streams, layers, kv_size, cells, kv_heads, head_dim, heads, repeats)
+    mb = streams * layers * cells * kv_heads * head_dim * 4 / 1e6
+    click.echo(f"{streams} streams x {layers} layers, {cells} of {kv_size} cells, {heads} query heads on {kv_heads} KV "
+               f"heads of {head_dim}: K and V {mb:.1f} MB each per step, one core, best of {repeats}")
+    click.echo(f"{'':46s}  ms/step   GB/s  plain read's ms / these")
+    for name, ms, gbs, of_read in table_rows(seconds, mb):
+        click.echo(f"{name:46s}  {ms:7.1f}  {gbs:5.1f}  {of_read:23.2f}")
+
+
+def timed_modes(streams: int, layers: int, kv_size: int, cells: int, kv_heads: int, head_dim: int, heads: int,
+                repeats: int) -> dict[int, float]:
+    """{mode (an index into MODES): best seconds per step}, from the compiled program."""
     if not has_avx512():
         raise click.ClickException("kv_read times AVX-512 kernels (tinyBLAS's f32 tiles on this machine); this CPU "
                                    "has no avx512f")
@@ -165,13 +177,7 @@ def main(streams: int, layers: int, kv_size: int, cells: int, kv_heads: int, hea
     if run.returncode != 0:
         raise click.ClickException(f"the timing program failed (exit {run.returncode}; 3: out of memory for "
                                    f"{streams} streams x {layers} layers x {kv_size} cells)")
-    seconds = {int(mode): float(s) for mode, s in (line.split() for line in run.stdout.splitlines())}
-    mb = streams * layers * cells * kv_heads * head_dim * 4 / 1e6
-    click.echo(f"{streams} streams x {layers} layers, {cells} of {kv_size} cells, {heads} query heads on {kv_heads} KV "
-               f"heads of {head_dim}: K and V {mb:.1f} MB each per step, one core, best of {repeats}")
-    click.echo(f"{'':46s}  ms/step   GB/s  plain read's ms / these")
-    for name, ms, gbs, of_read in table_rows(seconds, mb):
-        click.echo(f"{name:46s}  {ms:7.1f}  {gbs:5.1f}  {of_read:23.2f}")
+    return {int(mode): float(s) for mode, s in (line.split() for line in run.stdout.splitlines())}
 
 
 def table_rows(seconds: dict[int, float], mb: float) -> list[tuple[str, float, float, float]]:

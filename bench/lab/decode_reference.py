@@ -1,0 +1,91 @@
+"""The study's own decoding steps against a reference that counts reading each row's KV cells (x86 with AVX-512).
+
+    python -m fastscore.bench.lab.decode_reference RUN_DIR SCRATCH [--threads 2]
+
+RUN_DIR's greedy stage runs again in SCRATCH (bench/lab/decode_levers.py's recording: each decoder step's rows, the
+cells its rows attend and its seconds, per call's environment and kind). Each step without joining contexts is set
+against a reference: its rows' arithmetic outside attention (the model's non-embedding matmuls and the lm_head row)
+at one thread's sgemm rate (each lane decodes on one thread), plus reading its rows' K and V cells once, at the plain
+read rates `bench/lab/kv_read.py` measures on this core for the model's shape at the steps' mean cells. Steps that
+join contexts also prefill them, which the reference does not count: they are printed apart. The reference counts the
+cells a row needs; llama.cpp attends them rounded up to 64. It is a reference, not a bound: the read rate is one
+loop's on 4 KB pages (docs/performance.md, "A decoding step's attention against reading its KV cache").
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import click
+
+KV_ROWS = 32  # rows per step at which kv_read measures the read rates (the study's calls hold at most 32 live)
+
+
+def step_reference(rows: int, cells: int, row_flops: float, sgemm_flops: float, cell_bytes: float,
+                   k_rate: float, v_rate: float) -> float:
+    """Seconds of a step of `rows` rows attending `cells` cells in all: the rows' arithmetic at `sgemm_flops` FLOP/s
+    plus `cells` cells of K and of V (`cell_bytes` each) read at `k_rate` and `v_rate` bytes/s."""
+    return rows * row_flops / sgemm_flops + cells * cell_bytes * (1.0 / k_rate + 1.0 / v_rate)
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("scratch", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--threads", type=int, default=2, show_default=True, help="The run's threads (one per lane).")
+@click.option("--sgemm-n", type=int, default=2048, show_default=True)
+def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
+    from fastscore.bench.lab import kv_read
+    from fastscore.bench.lab.decode_levers import record
+    from fastscore.bench.roofline import non_embedding_params, shape_from_gguf
+    from fastscore.bench.run import spawn
+    from fastscore.selection import ModelSelection
+
+    calls = record(run_dir, scratch, threads)
+    settings = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    shape = shape_from_gguf(ModelSelection.resolve(settings["model"], "llamacpp", settings["quant"]).artefact().path)
+    with tempfile.TemporaryDirectory(prefix="fastscore-decode-reference-") as tmp:
+        sgemm = spawn({"task": "sgemm", "n": sgemm_n, "repeats": 5, "threads": 1}, Path(tmp), "sgemm")
+    plain = [(c["env"], c["sampled"], r, n, s) for c in calls
+             for r, j, n, s in zip(c["step_rows"], c["step_joins"], c["step_cells"], c["step_seconds"], strict=True)
+             if not j]
+    mean_cells = sum(n for *_, n, _ in plain) / sum(r for _, _, r, _, _ in plain)
+    cells = max(64, round(mean_cells / 64) * 64)
+    seconds = kv_read.timed_modes(KV_ROWS, shape.n_layer, max(1024, cells), cells, shape.n_kv_head, shape.head_dim,
+                                  shape.n_head, 3)
+    cell_bytes = shape.n_layer * shape.n_kv_head * shape.head_dim * 4.0
+    read_bytes = KV_ROWS * cells * cell_bytes
+    k_rate, v_rate = read_bytes / seconds[0], read_bytes / seconds[3]
+    row_flops = 2.0 * non_embedding_params(shape) + 2.0 * shape.n_vocab * shape.d_model
+    flops = sgemm["gflops"] * 1e9
+    click.echo(f"\nsgemm {sgemm['gflops']:.1f} GFLOP/s on one thread; plain reads at {cells} cells (the steps' mean "
+               f"{mean_cells:.0f}): K {k_rate / 1e9:.1f} GB/s, V {v_rate / 1e9:.1f} GB/s; "
+               f"{row_flops / 1e6:.0f} MFLOP a row outside attention; {cell_bytes / 1e3:.1f} KB of K and as much of V "
+               "a cell\n")
+    groups: dict[tuple[str, bool], list] = defaultdict(list)
+    for env, sampled, rows, n, s in plain:
+        groups[env, sampled].append((rows, n, s))
+    click.echo("| calls | plain steps | rows | cells per row | measured s | reference s: arithmetic + read | "
+               "reference / measured |")
+    click.echo("|---|---|---|---|---|---|---|")
+    total = [0.0, 0.0]
+    for (env, sampled), steps in sorted(groups.items()):
+        rows, n = sum(r for r, _, _ in steps), sum(c for _, c, _ in steps)
+        measured = sum(s for _, _, s in steps)
+        arithmetic = rows * row_flops / flops
+        reference = sum(step_reference(r, c, row_flops, flops, cell_bytes, k_rate, v_rate) for r, c, _ in steps)
+        total[0] += measured
+        total[1] += reference
+        click.echo(f"| {env} {'sampled' if sampled else 'greedy'} | {len(steps):,} | {rows:,} | {n / rows:.0f} | "
+                   f"{measured:.1f} | {reference:.1f}: {arithmetic:.1f} + {reference - arithmetic:.1f} | "
+                   f"{reference / measured:.2f} |")
+    joins = [s for c in calls for j, s in zip(c["step_joins"], c["step_seconds"], strict=True) if j]
+    click.echo(f"\nAll plain steps: {total[0]:.1f} s measured, {total[1]:.1f} s at the reference, "
+               f"{total[1] / total[0]:.2f}. Steps that joined contexts (prefill included, not referenced): "
+               f"{len(joins):,}, {sum(joins):.1f} s.")
+
+
+if __name__ == "__main__":
+    main()
