@@ -51,6 +51,9 @@ def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
     plain = [(c["env"], c["sampled"], r, n, s) for c in calls
              for r, j, n, s in zip(c["step_rows"], c["step_joins"], c["step_cells"], c["step_seconds"], strict=True)
              if not j]
+    if not plain or any(n is None for *_, n, _ in plain):
+        raise click.ClickException("no plain decoder steps with their cells recorded: the run's decoder keeps no "
+                                   "positions (a KV-stream llama.cpp decoder does)")
     mean_cells = sum(n for *_, n, _ in plain) / sum(r for _, _, r, _, _ in plain)
     cells = max(64, round(mean_cells / 64) * 64)
     seconds = kv_read.timed_modes(KV_ROWS, shape.n_layer, max(1024, cells), cells, shape.n_kv_head, shape.head_dim,

@@ -152,9 +152,6 @@ def _compile(folder: Path) -> Path:
 def main(streams: int, layers: int, kv_size: int, cells: int, kv_heads: int, head_dim: int, heads: int,
          repeats: int) -> None:
     """Time a decoding step's KQ and KQV against a plain read of the same KV bytes (one core)."""
-    if cells % 64 or cells > kv_size or head_dim % 16 or heads % kv_heads or heads // kv_heads > 3:
-        raise click.UsageError("--cells: a multiple of 64 up to --kv-size; --head-dim: a multiple of 16; "
-                               "--heads: 1 to 3 query heads per KV head")
     seconds = timed_modes(streams, layers, kv_size, cells, kv_heads, head_dim, heads, repeats)
     mb = streams * layers * cells * kv_heads * head_dim * 4 / 1e6
     click.echo(f"{streams} streams x {layers} layers, {cells} of {kv_size} cells, {heads} query heads on {kv_heads} KV "
@@ -167,6 +164,9 @@ def main(streams: int, layers: int, kv_size: int, cells: int, kv_heads: int, hea
 def timed_modes(streams: int, layers: int, kv_size: int, cells: int, kv_heads: int, head_dim: int, heads: int,
                 repeats: int) -> dict[int, float]:
     """{mode (an index into MODES): best seconds per step}, from the compiled program."""
+    if cells % 64 or cells > kv_size or head_dim % 16 or heads % kv_heads or heads // kv_heads > 3:
+        raise click.UsageError("--cells: a multiple of 64 up to --kv-size; --head-dim: a multiple of 16; "
+                               "--heads: 1 to 3 query heads per KV head")
     if not has_avx512():
         raise click.ClickException("kv_read times AVX-512 kernels (tinyBLAS's f32 tiles on this machine); this CPU "
                                    "has no avx512f")
