@@ -151,6 +151,13 @@ class TimedDecoder(CountingDecoder):
         super().__init__(inner)
         self.seconds: list[float] = []
         self.cells: list[int | None] = []  # cells the step's rows attend in all (None: the decoder does not say)
+        self.start_seconds = 0.0  # the first prefill: the contexts that start the call
+
+    def start(self, contexts):
+        started = time.perf_counter()
+        out = super().start(contexts)
+        self.start_seconds += time.perf_counter() - started
+        return out
 
     def _attended(self, active, joining=()) -> int | None:
         # A stream decoder's next_pos[i]: the position sequence i's next token takes, so its row attends next_pos + 1
@@ -212,6 +219,7 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
     def recording(decoder, contexts, **kw):
         started, timed = time.perf_counter(), TimedDecoder(decoder)
         out = decode(timed, contexts, **kw)
+        call_seconds = time.perf_counter() - started
         budgets = kw["max_new_tokens"]
         budgets = [budgets] * len(out) if isinstance(budgets, int) else list(budgets)
         sampled = kw.get("temperature", 0.0) > 0
@@ -230,7 +238,8 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
                           "budgets": [budgets[i] for i in own], "followers": len(out) - len(own),
                           "env": getattr(current, "env", ""), "lane": threading.current_thread().name,
                           "started": started, "step_rows": timed.rows, "step_joins": timed.joins,
-                          "step_seconds": timed.seconds, "step_cells": timed.cells})
+                          "step_seconds": timed.seconds, "step_cells": timed.cells,
+                          "start_seconds": timed.start_seconds, "call_seconds": call_seconds})
         return out
 
     def patch(on: bool) -> None:

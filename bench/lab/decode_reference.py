@@ -84,10 +84,29 @@ def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
         click.echo(f"| {env} {'sampled' if sampled else 'greedy'} | {len(steps):,} | {rows:,} | {n / rows:.0f} | "
                    f"{measured:.1f} | {reference:.1f}: {arithmetic:.1f} + {reference - arithmetic:.1f} | "
                    f"{reference / measured:.2f} |")
-    joins = [s for c in calls for j, s in zip(c["step_joins"], c["step_seconds"], strict=True) if j]
     click.echo(f"\nAll plain steps: {total[0]:.1f} s measured, {total[1]:.1f} s at the reference, "
-               f"{total[1] / total[0]:.2f}. Steps that joined contexts (prefill included, not referenced): "
-               f"{len(joins):,}, {sum(joins):.1f} s.")
+               f"{total[1] / total[0]:.2f}.\n")
+    click.echo("| calls | decoder seconds | first prefill | steps joining contexts (their prefill included) | "
+               "plain steps | the rest (host work between steps) |")
+    click.echo("|---|---|---|---|---|---|")
+    for key, parts in sorted(time_split(calls).items()):
+        env, sampled = key
+        whole, start, joins, steps = parts
+        click.echo(f"| {env} {'sampled' if sampled else 'greedy'} | {whole:.1f} | {start:.1f} | {joins:.1f} | "
+                   f"{steps:.1f} | {whole - start - joins - steps:.1f} |")
+
+
+def time_split(calls: list[dict]) -> dict[tuple[str, bool], tuple[float, float, float, float]]:
+    """{(environment, sampled): (the decoder's seconds in all, its first prefill, its steps that joined contexts, its
+    plain steps)} summed over the recorded calls."""
+    out: dict[tuple[str, bool], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    for c in calls:
+        parts = out[c["env"], c["sampled"]]
+        parts[0] += c["call_seconds"]
+        parts[1] += c["start_seconds"]
+        for joined, seconds in zip(c["step_joins"], c["step_seconds"], strict=True):
+            parts[2 if joined else 3] += seconds
+    return {key: tuple(parts) for key, parts in out.items()}
 
 
 if __name__ == "__main__":
