@@ -39,7 +39,7 @@ def step_reference(rows: int, cells: int, row_flops: float, sgemm_flops: float, 
 def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
     from fastscore.bench.lab import kv_read
     from fastscore.bench.lab.decode_levers import record
-    from fastscore.bench.roofline import non_embedding_params, shape_from_gguf
+    from fastscore.bench.roofline import lm_head_flops, non_embedding_params, shape_from_gguf
     from fastscore.bench.run import spawn
     from fastscore.selection import ModelSelection
 
@@ -61,7 +61,7 @@ def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
     cell_bytes = shape.n_layer * shape.n_kv_head * shape.head_dim * 4.0
     read_bytes = KV_ROWS * cells * cell_bytes
     k_rate, v_rate = read_bytes / seconds[0], read_bytes / seconds[3]
-    row_flops = 2.0 * non_embedding_params(shape) + 2.0 * shape.n_vocab * shape.d_model
+    row_flops = 2.0 * non_embedding_params(shape) + lm_head_flops(shape)
     flops = sgemm["gflops"] * 1e9
     click.echo(f"\nsgemm {sgemm['gflops']:.1f} GFLOP/s on one thread; plain reads at {cells} cells (the steps' mean "
                f"{mean_cells:.0f}): K {k_rate / 1e9:.1f} GB/s, V {v_rate / 1e9:.1f} GB/s; "
@@ -77,7 +77,7 @@ def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
     for (env, sampled), steps in sorted(groups.items()):
         rows, n = sum(r for r, _, _ in steps), sum(c for _, c, _ in steps)
         measured = sum(s for _, _, s in steps)
-        arithmetic = rows * row_flops / flops
+        arithmetic = step_reference(rows, 0, row_flops, flops, cell_bytes, k_rate, v_rate)  # no cells: no read
         reference = sum(step_reference(r, c, row_flops, flops, cell_bytes, k_rate, v_rate) for r, c, _ in steps)
         total[0] += measured
         total[1] += reference

@@ -121,10 +121,9 @@ MODES = ("K: plain read", "KQ: one product per query head", "KQ: query heads of 
 
 
 def has_avx512() -> bool:
-    try:
-        return " avx512f " in f" {Path('/proc/cpuinfo').read_text()} ".replace("\n", " ")
-    except OSError:
-        return False
+    from fastscore.backends.llamacpp_compact import cpu_flags
+
+    return "avx512f" in cpu_flags().split()
 
 
 def _compile(folder: Path) -> Path:

@@ -59,7 +59,7 @@ def _file_identity(path: Path) -> str:
     return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     """The CPU's instruction sets (llama.cpp is compiled for the host's, and its kernels differ by them)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -76,7 +76,7 @@ def _libraries(module) -> list[str]:
 
 
 def _check_key(module, f32_path: Path, compact_path: Path) -> str:
-    record = json.dumps([getattr(module, "__version__", ""), _libraries(module), platform.machine(), _cpu_flags(),
+    record = json.dumps([getattr(module, "__version__", ""), _libraries(module), platform.machine(), cpu_flags(),
                          _file_identity(f32_path), _file_identity(compact_path)])
     return hashlib.sha256(record.encode()).hexdigest()[:16]
 
