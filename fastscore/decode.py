@@ -182,16 +182,17 @@ def _ban_may_act(text: bytes, banned: frozenset[bytes]) -> bool:
 
 
 def followers(contexts: Sequence[Sequence[int]], budgets: Sequence[int],
-              rules: Sequence[ActionDone | None]) -> dict[int, int]:
-    """{follower: leader}: a context identical to an earlier one, with the same budget and action rule (bans may
-    differ). Greedy decoding writes the same tokens for both until a ban makes them differ, so the follower reads its
-    leader's logits instead of running a sequence of its own, and leaves it only where they part."""
+              rules: Sequence[ActionDone | None], starts: Sequence[Sequence[int]] | None = None) -> dict[int, int]:
+    """{follower: leader}: a context identical to an earlier one, with the same budget, action rule and start tokens
+    (bans may differ). Greedy decoding writes the same tokens for both until a ban makes them differ, so the follower
+    reads its leader's logits instead of running a sequence of its own, and leaves it only where they part."""
     first: dict[tuple, int] = {}
     out = {}
     for i, context in enumerate(contexts):
         # The rule by identity: the same rule object (the study shares one per call); equal but distinct rules,
         # or unhashable ones, only cost a sequence each.
-        leader = first.setdefault((tuple(context), budgets[i], id(rules[i])), i)
+        start = tuple(starts[i]) if starts is not None else ()
+        leader = first.setdefault((tuple(context), start, budgets[i], id(rules[i])), i)
         if leader != i:
             out[i] = leader
     return out
@@ -210,6 +211,7 @@ def greedy_decode(
     rngs: Sequence[np.random.Generator] | None = None,
     action_done: Sequence[ActionDone | None] | None = None,
     width: int | None = None,
+    starts: Sequence[Sequence[int]] | None = None,
 ) -> list[Decoded]:
     """Greedy completions of all `contexts` at once, each until a stop token or its token budget.
 
@@ -224,6 +226,9 @@ def greedy_decode(
     that cannot refill, every context starts at once. With a refilling decoder and `width`, a greedy context that
     repeats an earlier one under another ban follows it (see `followers`): it joins as a sequence of its own (a copy
     of the earlier one's stream) only at the step where the ban makes it choose another token, if it ever does.
+    `starts[i]` (optional): token ids completion i begins with, taken as given (GreedyRequest.start_ids): they count
+    against its budget and its action rule reads them, they are prefilled with its context, and a completion they
+    already end (a stop token, its budget, its action rule) runs no sequence at all.
     """
     n = len(contexts)
     budgets = _budgets(max_new_tokens, n)
@@ -235,6 +240,8 @@ def greedy_decode(
         raise ValueError(f"{len(action_done)} action_done rules for {n} contexts")
     if width is not None and width < 1:
         raise ValueError(f"width must be >= 1, not {width}")
+    if starts is not None and len(starts) != n:
+        raise ValueError(f"{len(starts)} start token lists for {n} contexts")
     if n == 0:
         return []
     stop_set = set(int(i) for i in stop_ids)
@@ -274,12 +281,23 @@ def greedy_decode(
             steps_banned[i] += 1
             row[blocked] = -np.inf
 
+    ended = set()  # completions their start tokens already end
+    for i, start in enumerate(starts or ()):
+        for token in start:
+            if not advance(i, int(token)):
+                ended.add(i)
+                break
     refilling = width is not None and decoder.refills
-    following = followers(contexts, budgets, rules) if refilling and temperature == 0 else {}
+    following = followers(contexts, budgets, rules, starts) if refilling and temperature == 0 else {}
     followed_by: dict[int, list[int]] = defaultdict(list)
     for follower, leader in following.items():
-        followed_by[leader].append(follower)
-    own = [i for i in range(n) if i not in following]  # completions that start as sequences of their own
+        if follower not in ended:
+            followed_by[leader].append(follower)
+    # completions that start as sequences of their own
+    own = [i for i in range(n) if i not in following and i not in ended]
+    if not own:  # every completion is known from its start tokens: nothing to decode
+        decoder.close()
+        return [Decoded(tuple(generated[i]), stopped[i], mass[i], steps_banned[i]) for i in range(n)]
     with decoder:
         slots = n
         if refilling and (width < len(own) or following):
@@ -288,7 +306,7 @@ def greedy_decode(
         waiting = deque(own[slots:])
         parted: deque[int] = deque()  # followers whose leader chose another token, waiting for a slot
         seq_of = {i: k for k, i in enumerate(started)}  # completion -> the decoder's sequence number
-        logits = np.asarray(decoder.start([list(contexts[i]) for i in started]))
+        logits = np.asarray(decoder.start([list(contexts[i]) + generated[i] for i in started]))
         bans = {kind: make(tuple(token_bytes), frozenset(stop_set), logits.shape[1])
                 for kind, make in ((False, text_ban), (True, prefix_ban))
                 if any(keys and p == kind for keys, p in zip(banned_keys, prefix))}

@@ -138,6 +138,11 @@ class GreedyRequest:
     # one more token decides between END_OF_TURN and ACTION_DONE. None: decode to end-of-turn or the budget.
     action_done: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
     ban_prefix: bool = False
+    # Token ids the completion begins with, taken as given: they are prefilled with the context and decoding goes on
+    # after them (the budget and the action rule count them; a ban or sampling acts only on the tokens decoded after
+    # them; a stop token among them ends the completion there). The study passes a greedy completion of the same
+    # context decoded before (stages.onpolicy.KnownAttempts), so the result is the one decoding again would give.
+    start_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,8 @@ class Scorer(RequestTokenizer):
         equal to its banned texts (with `ban_prefix`, the call's or the request's: never starting with one); with
         temperature > 0, sampled from `rngs[i]` (one Generator per request). Each request decodes up to its own
         `max_new_tokens` if set, at most the call's (budgets share decoder calls), and its `action_done` rule may end
-        it early (stopped_by "action_done", see fastscore.decode). Results are in request order."""
+        it early (stopped_by "action_done", see fastscore.decode). A request's `start_ids` begin its completion as
+        given. Results are in request order."""
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
         contexts, budgets = [], []
@@ -225,6 +226,7 @@ class Scorer(RequestTokenizer):
                     rngs=None if rngs is None else [rngs[i] for i in idx],
                     action_done=[request.action_done for request in chunk],
                     width=width,
+                    starts=[request.start_ids for request in chunk],
                 )
             for i, request, d in zip(idx, chunk, decoded, strict=True):
                 results[i] = GreedyResult(

@@ -10,6 +10,7 @@ of another width differ from each other in the same way: both differences are pr
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -178,3 +179,42 @@ def test_a_context_repeated_under_another_ban_follows_the_first_until_the_ban_pa
     print(f"rows stepped: each context its own sequence {sum(alone.rows)}, twins following {sum(followed.rows)}")
     assert [d.token_ids for d in together] == [d.token_ids for d in separate]
     assert sum(followed.rows) < sum(alone.rows)
+
+
+def test_start_tokens_from_a_completion_give_that_completion_with_fewer_rows_decoded(tiny):
+    """GreedyRequest.start_ids: tokens greedy decoding would write itself, taken as given and prefilled with the
+    context. From none to all of a free completion's tokens, under budgets and action rules, the completions are the
+    free ones; a completion its start already ends (its budget, its rule) runs no sequence; the decoder computes
+    fewer step rows."""
+    rules = [None, (lambda t: len(t) > 12), None, (lambda t: " " in t.strip())] * 3
+    requests = _requests(12, [4, 17, 9, 24], rules=rules)
+    free = tiny.greedy(requests, max_new_tokens=30)
+    assert {r.stopped_by for r in free} >= {"max_tokens", "action_done"}, "budgets and rules must end some"
+    begun = []
+    for k, (request, result) in enumerate(zip(requests, free)):
+        n = len(result.token_ids)
+        begun.append(replace(request, start_ids=result.token_ids[: (0, 1, n // 2, n)[k % 4]]))
+    contexts = [tiny.context_ids(r.messages) for r in requests]
+    rows = {}
+    for name, reqs in (("free", requests), ("begun", begun)):
+        decoder = CountingDecoder(tiny.backend.decoder(30))
+        decoded = greedy_decode(decoder, contexts, token_bytes=tiny.tokenizer.token_bytes,
+                                stop_ids=tiny.tokenizer.stop_ids, max_new_tokens=[r.max_new_tokens for r in reqs],
+                                action_done=[r.action_done for r in reqs], width=4,
+                                starts=[r.start_ids for r in reqs])
+        assert [(d.token_ids, d.stopped_by) for d in decoded] == [(r.token_ids, r.stopped_by) for r in free], name
+        rows[name] = sum(decoder.rows)
+    through_scorer = tiny.greedy(begun, max_new_tokens=30)
+    print(f"rows stepped: free {rows['free']}, begun {rows['begun']}; "
+          f"{_differing(free, through_scorer)} of {len(free)} differ through Scorer.greedy")
+    assert _differing(free, through_scorer) == 0
+    assert rows["begun"] < rows["free"]
+    ended = [i for i, (r, b) in enumerate(zip(free, begun)) if r.stopped_by != "end_of_turn"
+             and len(b.start_ids) == len(r.token_ids)]
+    assert ended, "some completion must be ended by its start tokens alone"
+    decoder = CountingDecoder(tiny.backend.decoder(30))
+    alone = greedy_decode(decoder, [contexts[i] for i in ended], token_bytes=tiny.tokenizer.token_bytes,
+                          stop_ids=tiny.tokenizer.stop_ids, max_new_tokens=[begun[i].max_new_tokens for i in ended],
+                          action_done=[begun[i].action_done for i in ended], width=4,
+                          starts=[begun[i].start_ids for i in ended])
+    assert decoder.rows == [] and [d.token_ids for d in alone] == [free[i].token_ids for i in ended]

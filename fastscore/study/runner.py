@@ -30,7 +30,7 @@ from fastscore.study.data.envs.base import StudyEnv
 from fastscore.study.data.items import Item, Skipped
 from fastscore.study.analysis.metrics import read_score_rows, summarize
 from fastscore.study.analysis.redactions import attach_redactions
-from fastscore.study.stages.onpolicy import ModelFailureBuilder
+from fastscore.study.stages.onpolicy import KnownAttempts, ModelFailureBuilder
 from fastscore.study.stages.progress import RunProgress, SourcePlan
 from fastscore.study.stages.decode import DecodePlan, greedy_stage
 from fastscore.study.stages.lanes import Lanes
@@ -220,14 +220,19 @@ def _open_lanes(config: StudyConfig, progress: bool) -> Lanes:
     return Lanes(scorers)
 
 
-def decode_plan(config: StudyConfig) -> DecodePlan:
-    """Greedy completions come off the argmax chain only where that is exact: a batch-invariant full-precision type
-    (a quantised llama.cpp type's argmax moves with the batch) scoring the end-of-turn token (else the chain does not
-    say where greedy decoding stops). Samples only for the model's own failures."""
+def exact_type(config: StudyConfig) -> bool:
+    """Is the run's type batch-invariant full precision, so that a completion is the same bits in any batch or lane
+    (a quantised llama.cpp type's argmax moves with the batch)?"""
     from fastscore.variants import FULL_PRECISION
 
-    exact = FULL_PRECISION.get(config.backend) == config.quant
-    return DecodePlan(argmax_chain=exact and config.include_end_of_turn,
+    return FULL_PRECISION.get(config.backend) == config.quant
+
+
+def decode_plan(config: StudyConfig) -> DecodePlan:
+    """Greedy completions come off the argmax chain only where that is exact: an exact type (exact_type) scoring
+    the end-of-turn token (else the chain does not say where greedy decoding stops). Samples only for the model's
+    own failures."""
+    return DecodePlan(argmax_chain=exact_type(config) and config.include_end_of_turn,
                       retries=config.retries if config.failures == "model" else 0, seed=config.seed)
 
 
@@ -248,7 +253,8 @@ def _seeded_source(config: StudyConfig, seeded: Mapping[str, SeededItems] | None
 
 
 def _build_items(config: StudyConfig, envs: Mapping[str, StudyEnv], scorer, progress: bool,
-                 seeded: Mapping[str, SeededItems] | None = None) -> tuple[list[Item], list[Skipped]]:
+                 seeded: Mapping[str, SeededItems] | None = None, known: KnownAttempts | None = None
+                 ) -> tuple[list[Item], list[Skipped]]:
     source = _seeded_source(config, seeded)
     if config.failures == "seeded":
         if config.window is None:
@@ -263,7 +269,8 @@ def _build_items(config: StudyConfig, envs: Mapping[str, StudyEnv], scorer, prog
         return items_for_envs(envs, config.limit, config.seed, build=seeded_window)
 
     def own_failures(env: StudyEnv) -> tuple[list[Item], list[Skipped]]:
-        builder = ModelFailureBuilder(env, scorer, config.seed, config.new_tokens(env.name), seeded=source(env))
+        builder = ModelFailureBuilder(env, scorer, config.seed, config.new_tokens(env.name), seeded=source(env),
+                                      known=known)
         if config.window is not None:
             return builder.build_window(*config.window, progress=progress)
         return builder.build(config.limit, progress)
@@ -303,11 +310,13 @@ def run_study(
         # side-by-side report and a summary keyed by source.
 
         outcomes = {}
+        # The seeded source's `before` completions, for the model's own attempts at the same sources (exact types).
+        known = KnownAttempts() if exact_type(config) else None
         for source in FAILURE_SOURCES:
             sub = replace(config, failures=source, out_dir=Path(config.out_dir) / source)
             log.info("failure source %s -> %s", source, sub.out_dir)
             outcomes[source] = _run_locked(sub, time.perf_counter(), progress, after_item, scorer, report, items,
-                                           run_bar)
+                                           run_bar, known)
         return combine_sources(config, outcomes, time.perf_counter() - started)
 
 
@@ -324,7 +333,8 @@ def _source_plan(config: StudyConfig, source: str) -> SourcePlan:
 
 def _run_locked(config: StudyConfig, started: float, progress: bool,
                 after_item: Callable[[str, str], None] | None, given_scorer, report: bool,
-                seeded: Mapping[str, SeededItems] | None, run_bar: RunProgress) -> StudyOutcome:
+                seeded: Mapping[str, SeededItems] | None, run_bar: RunProgress,
+                known: KnownAttempts | None = None) -> StudyOutcome:
     timer = StageTimer()
     source, shape = config.failures, _source_plan(config, config.failures)
     hooked = run_bar.hook(source, after_item)
@@ -342,7 +352,7 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
             stored = store.load_items() if resumed else None
             if stored is None:
                 with lanes.solo() as scorer:
-                    items, skipped = _build_items(config, envs, scorer, progress, seeded)
+                    items, skipped = _build_items(config, envs, scorer, progress, seeded, known)
                 store.save_items(items, skipped)
             else:
                 items, skipped = stored
@@ -359,7 +369,7 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
         run_bar.settle(source, len(items), built + 1)
         with timer("greedy decoding", computed):
             greedy_stage(store, lanes, envs, items, config.new_tokens, decode_plan(config), progress=progress,
-                         after_item=hooked)
+                         after_item=hooked, known=known)
         run_bar.settle(source, len(items), built + 2)
         if config.sensitivity:
             with timer("sensitivity checks", computed):

@@ -34,7 +34,7 @@ from fastscore.study.data.envs.base import StudyEnv
 from fastscore.study.stages.isolate import call_isolating, chunks
 from fastscore.study.stages.lanes import as_lanes
 from fastscore.study.data.items import Item
-from fastscore.study.stages.onpolicy import own_attempt
+from fastscore.study.stages.onpolicy import KnownAttempts, own_attempt
 from fastscore.study.stages.rows import reproduces, score_rows
 from fastscore.study.stages import errored_at, store_results
 from fastscore.study.stages.store import StudyStore
@@ -80,14 +80,15 @@ def retry_rng(seed: int, request_id: str) -> np.random.Generator:
 
 def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items: Sequence[Item],
                  new_tokens: Callable[[str], int], plan: DecodePlan, *, progress: bool = False,
-                 after_item: Callable[[str, str], None] | None = None) -> None:
+                 after_item: Callable[[str, str], None] | None = None, known: KnownAttempts | None = None) -> None:
     """Complete every condition and append each item's ScoreRows to scores.jsonl.
 
     Decoder calls hold fixed chunks of each environment's scored items (as in score_stage): per chunk one greedy call
     and, for on-policy items, one sampled call, each request with its item's own token budget (greedy_budget). An
     on-policy item's `before` completion is the model's own attempt it was built from (see own_attempt), not decoded
     again. `scorer`: a Scorer, or Lanes that run several calls side by side, longest first; the completions are
-    judged and stored in chunk order, in this thread, so the rows are those of one lane.
+    judged and stored in chunk order, in this thread, so the rows are those of one lane. `known`: where given, each
+    seeded item's `before` completion is remembered there for the model's own attempts at the same source.
     """
     lp = store.logprobs().load()
     err_log = store.item_errors()
@@ -124,6 +125,8 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
                         for c, rep in chunk_plan.stands_for[i].items()}
                 rows = score_rows(item, lp[i][0], greedy, env, made, samples.get(i))
                 scores_log.append([row.to_dict() for row in rows])
+                if known is not None and chunk_plan.attempts[i] is None:
+                    known.remember(i, env.context_messages(item), greedy[REFERENCE])
 
             store_results("greedy", chunk_plan.members, done, failed, err_log, stored, bar, after_item)
 

@@ -67,6 +67,37 @@ def scored_candidates(item: Item) -> tuple[str | EmittedContinuation, ...]:
     return (failed, *item.candidates[1:])
 
 
+class KnownAttempts:
+    """Greedy completions of seeded items' `before` contexts that a run's seeded source already made, for the model's
+    own attempts at the same sources when the run goes on to on-policy items (--failures both).
+
+    An attempt is a greedy decode of that very context under the same action rule and model, only with the
+    environment's cap instead of the item's smaller budget, so on an exact type (batch-invariant, the same bits on any
+    batch or lane) it is that completion: given as the attempt's start tokens (GreedyRequest.start_ids), a completion
+    that ended (its end-of-turn, or its action rule) is taken whole and runs no sequence, one that its budget cut is
+    decoded on from where it stopped. A run resumed after its seeded source has none and decodes every attempt,
+    with the same results. Only for exact types: elsewhere a second decode may differ (see own_attempt)."""
+
+    def __init__(self) -> None:
+        self._by_item: dict[str, tuple[tuple, GreedyResult]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_item)
+
+    def remember(self, item_id: str, messages: tuple, completion: GreedyResult) -> None:
+        self._by_item[item_id] = (tuple(messages), completion)
+
+    def start_ids(self, item_id: str, messages: tuple, stop_id: int) -> tuple[int, ...]:
+        """The tokens an attempt from `messages` begins with (ending with `stop_id` where the completion ended its
+        turn); () where no completion of exactly this context is known."""
+        known = self._by_item.get(item_id)
+        if known is None or known[0] != tuple(messages):
+            return ()
+        completion = known[1]
+        ids = tuple(completion.token_ids)
+        return ids + (stop_id,) if completion.stopped_by == END_OF_TURN else ids
+
+
 def own_attempt(item: Item) -> GreedyResult | None:
     """The greedy attempt an on-policy item was built from, as the `before` condition's completion.
 
@@ -86,13 +117,16 @@ class ModelFailureBuilder:
     The environment's seeded items give the sources in its seeded order (and their contexts); each source's attempt
     is evaluated, failing ones become items via env.item_from_failure, passing ones are skipped with a reason.
     `seeded(limit)` gives the first `limit` seeded items and the sources passed over (default: the environment
-    builds them; a sweep passes the list its driver built once).
+    builds them; a sweep passes the list its driver built once). `known`: completions of the same contexts the run's
+    seeded source made (KnownAttempts; only on an exact type), which attempts begin with instead of decoding again.
     """
 
     def __init__(self, env: StudyEnv, scorer, seed: int, max_new_tokens: int,
-                 seeded: Callable[[int | None], tuple[list[Item], list[Skipped]]] | None = None) -> None:
+                 seeded: Callable[[int | None], tuple[list[Item], list[Skipped]]] | None = None,
+                 known: KnownAttempts | None = None) -> None:
         self.name, self.env, self.scorer = env.name, env, scorer
         self.seed, self.max_new_tokens = seed, max_new_tokens
+        self.known = known
         self.seeded = seeded if seeded is not None else (lambda limit: env.build_items(limit, seed))
 
     def build(self, limit: int | None, progress: bool = False) -> tuple[list[Item], list[Skipped]]:
@@ -150,9 +184,14 @@ class ModelFailureBuilder:
         # the cap would give, without the explanation a small model writes on after its program.
         action_done = self.env.action_done()
         token_bytes = self.scorer.tokenizer.token_bytes
-        requests = {item.item_id: [GreedyRequest(item.item_id, self.env.context_messages(item),
-                                                 action_done=action_done)]
-                    for item in seeded}
+        stop_id = self.scorer.tokenizer.end_of_turn_id
+
+        def request(item: Item) -> GreedyRequest:
+            messages = self.env.context_messages(item)
+            start = self.known.start_ids(item.item_id, messages, stop_id) if self.known is not None else ()
+            return GreedyRequest(item.item_id, messages, action_done=action_done, start_ids=start)
+
+        requests = {item.item_id: [request(item)] for item in seeded}
         decode = lambda reqs: self.scorer.greedy(reqs, max_new_tokens=self.max_new_tokens)  # noqa: E731
         results, failed = call_isolating(decode, requests, lambda r: r.id)
         for item in seeded:
