@@ -74,21 +74,6 @@ def chain_completion(request_id: str, scored: dict[str, Any], tokenizer) -> Gree
     return None
 
 
-def argmax_start(scored: dict[str, Any]) -> tuple[int, ...]:
-    """The tokens a greedy completion of this context begins with, known from the scoring pass: the longest leading
-    run of argmax tokens among its candidates (without a scored end-of-turn; a straddling candidate's tokens are not
-    the completion's). () where the record predates the runs."""
-    if "cand_argmax_run" not in scored:
-        return ()
-    body_end = -1 if scored.get("end_of_turn") else None  # the end-of-turn, where scored, is each candidate's last
-    best: tuple[int, ...] = ()
-    for ids, run, straddles in zip(scored["cand_token_ids"], scored["cand_argmax_run"], scored["cand_straddles"]):
-        body = ids[:body_end][:run]
-        if not straddles and len(body) > len(best):
-            best = tuple(body)
-    return best
-
-
 def retry_rng(seed: int, request_id: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(request_id.encode())])
 
@@ -210,9 +195,6 @@ def _plan_chunk(members: list[Item], lp, tokenizer, env: StudyEnv, cap: int, pla
     attempts = {item.item_id: own_attempt(item) for item in members}
     action_done = env.action_done()
     for i, conds in contexts.items():
-        # A context that a banned one repeats keeps no start tokens: the banned one follows it while they write the
-        # same tokens (fastscore.decode.followers), which saves a whole sequence, more than its start's steps.
-        followed = {c.messages for c in conds if c.banned and stands_for[i][c.condition] == c.condition}
         for c in conds:
             if stands_for[i][c.condition] != c.condition:
                 continue
@@ -220,16 +202,12 @@ def _plan_chunk(members: list[Item], lp, tokenizer, env: StudyEnv, cap: int, pla
                 results[i][c.condition] = attempts[i]
                 continue
             chain = None
-            start: tuple[int, ...] = ()
             if plan.argmax_chain and not c.banned:
-                scored = lp[i][0]["conditions"][c.condition]
-                chain = chain_completion(c.request_id, scored, tokenizer)
-                start = () if c.messages in followed else argmax_start(scored)
+                chain = chain_completion(c.request_id, lp[i][0]["conditions"][c.condition], tokenizer)
             if chain is not None:
                 results[i][c.condition] = chain
             else:
-                to_decode[i].append(replace(c.greedy_request(), max_new_tokens=budgets[i], action_done=action_done,
-                                            start_ids=start))
+                to_decode[i].append(replace(c.greedy_request(), max_new_tokens=budgets[i], action_done=action_done))
     decoded = {i: {r.id.rsplit("::", 1)[1] for r in reqs} for i, reqs in to_decode.items()}
     # One call for the whole chunk: each request stops at its own budget, so items of different budgets share the
     # decoder's batches instead of each budget rebuilding the decoder for a few contexts.

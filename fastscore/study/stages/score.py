@@ -29,20 +29,8 @@ def _set_record(result: CandidateSetResult) -> dict[str, Any]:
             "cand_token_ids": [list(r.token_ids) for r in result.results],
             "cand_token_lp": [list(r.token_logprobs) for r in result.results],
             "cand_argmax": [bool(all(r.token_is_argmax)) for r in result.results],
-            "cand_argmax_run": [argmax_run(r.token_is_argmax) for r in result.results],
             "cand_straddles": [r.boundary_straddles for r in result.results],
             "end_of_turn": bool(result.results[0].includes_end_of_turn)}
-
-
-def argmax_run(is_argmax) -> int:
-    """How many of a candidate's scored tokens, from its first, were each the argmax: greedy decoding from its
-    context writes exactly those tokens first."""
-    run = 0
-    for flag in is_argmax:
-        if not flag:
-            break
-        run += 1
-    return run
 
 
 def score_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items: Sequence[Item], *,
