@@ -281,7 +281,7 @@ def greedy_decode(
             steps_banned[i] += 1
             row[blocked] = -np.inf
 
-    ended = set()  # completions their start tokens already end
+    ended = set()  # completions already ended by their start tokens
     for i, start in enumerate(starts or ()):
         for token in start:
             if not advance(i, int(token)):
@@ -289,10 +289,12 @@ def greedy_decode(
                 break
     refilling = width is not None and decoder.refills
     following = followers(contexts, budgets, rules, starts) if refilling and temperature == 0 else {}
+    # A ban can keep a completion going where the same start tokens end its leader's (an armed action rule stops only
+    # once no ban can act): such a follower runs as a sequence of its own.
+    following = {f: leader for f, leader in following.items() if f not in ended and leader not in ended}
     followed_by: dict[int, list[int]] = defaultdict(list)
     for follower, leader in following.items():
-        if follower not in ended:
-            followed_by[leader].append(follower)
+        followed_by[leader].append(follower)
     # completions that start as sequences of their own
     own = [i for i in range(n) if i not in following and i not in ended]
     if not own:  # every completion is known from its start tokens: nothing to decode

@@ -141,7 +141,8 @@ class GreedyRequest:
     # Token ids the completion begins with, taken as given: they are prefilled with the context and decoding goes on
     # after them (the budget and the action rule count them; a ban or sampling acts only on the tokens decoded after
     # them; a stop token among them ends the completion there). The study passes a greedy completion of the same
-    # context decoded before (stages.onpolicy.KnownAttempts), so the result is the one decoding again would give.
+    # context decoded before (stages.onpolicy.KnownAttempts), on a backend whose steps give the bits of a prefill
+    # (Backend.steps_match_prefill), so the result is the one decoding again would give.
     start_ids: tuple[int, ...] = ()
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from fastscore.decode import ACTION_DONE, END_OF_TURN, MAX_TOKENS
 from fastscore.records import GreedyResult, Message
 from fastscore.study.runner import StudyConfig, run_study
@@ -62,10 +60,16 @@ def test_both_sources_make_the_on_policy_rows_the_model_source_makes_alone(tmp_p
     assert (tmp_path / "alone" / "items.jsonl").read_text().strip(), "the comparison needs on-policy items"
 
 
-@pytest.mark.parametrize("quant", ["q8_0"])
-def test_a_quantised_type_keeps_no_completions_for_the_attempts(quant):
-    """A quantised llama.cpp type's completion depends on its batch: a second decode may differ, so the seeded
-    source's completion would not be the attempt's."""
+def test_only_exact_types_on_builds_whose_steps_give_a_prefills_bits_keep_completions():
+    """A quantised llama.cpp type's completion depends on its batch, and PyPI's llama.cpp sums a one-row step in
+    another order than a prefill: a second decode may differ there, so the seeded source's completion would not be
+    the attempt's."""
+    from fastscore.backends.llamacpp_compact import build_steps_match_prefill
     from fastscore.study.runner import exact_type
 
-    assert exact_type(StudyConfig(quant="f32")) and not exact_type(StudyConfig(quant=quant))
+    assert exact_type(StudyConfig(quant="f32")) and not exact_type(StudyConfig(quant="q8_0"))
+    assert build_steps_match_prefill("0.3.36+fastscore3", "x86_64") and build_steps_match_prefill("0.3.36+fastscore8",
+                                                                                                   "x86_64")
+    assert not build_steps_match_prefill("0.3.36+fastscore2", "x86_64")
+    assert not build_steps_match_prefill("0.3.36", "x86_64") and not build_steps_match_prefill("0.3.36+fastscore8",
+                                                                                                 "aarch64")

@@ -218,3 +218,34 @@ def test_start_tokens_from_a_completion_give_that_completion_with_fewer_rows_dec
                           action_done=[begun[i].action_done for i in ended], width=4,
                           starts=[begun[i].start_ids for i in ended])
     assert decoder.rows == [] and [d.token_ids for d in alone] == [free[i].token_ids for i in ended]
+
+
+def test_a_ban_that_keeps_a_completion_going_past_where_its_start_ends_its_twin_decodes_it_alone(tiny):
+    """Two requests of one context, budget, rule and start tokens follow each other while they write the same
+    tokens. Where the start tokens end the first (its action rule armed, the next token not a stop) but a ban keeps
+    the second going (it stops only once no ban can act), the second runs as a sequence of its own and gets what
+    decoding it from its context gives; a stop token among the start tokens ends a completion there."""
+    rule = lambda t: len(t) > 12  # noqa: E731
+    [request] = _requests(1, [24], rules=[rule])
+    [free] = tiny.greedy([request], max_new_tokens=30)
+    assert free.stopped_by == "action_done", "the rule must end the free completion for this test to mean anything"
+    twin = replace(request, id="twin", banned=(free.text + " and more",))
+    [twin_free] = tiny.greedy([twin], max_new_tokens=30)
+    begun = [replace(r, start_ids=free.token_ids) for r in (request, twin)]
+    first, second = tiny.greedy(begun, max_new_tokens=30)
+    print(f"free {free.text!r} ({free.stopped_by}); banned twin {twin_free.text!r} ({twin_free.stopped_by})")
+    assert (first.token_ids, first.stopped_by) == (free.token_ids, free.stopped_by)
+    assert (second.token_ids, second.stopped_by) == (twin_free.token_ids, twin_free.stopped_by)
+    assert len(twin_free.token_ids) > len(free.token_ids)  # the ban kept it going
+    stop = tiny.tokenizer.end_of_turn_id
+    [ended] = tiny.greedy([replace(request, start_ids=free.token_ids[:2] + (stop, 7))], max_new_tokens=30)
+    assert (ended.token_ids, ended.stopped_by) == (free.token_ids[:2], "end_of_turn")
+
+
+def test_start_ids_outside_the_vocabulary_are_a_request_error(tiny):
+    from fastscore.errors import RequestError
+
+    [request] = _requests(1, [4])
+    for bad in ((-1,), (tiny.backend.n_vocab,)):
+        with pytest.raises(RequestError, match="start_ids"):
+            tiny.greedy([replace(request, start_ids=bad)], max_new_tokens=4)

@@ -229,7 +229,7 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
         # in the study, where 80-100% of `ban` completions never part from `after`'s).
         rules = kw.get("action_done") or [None] * len(out)
         refilling = kw.get("width") is not None and decoder.refills
-        following = followers(contexts, budgets, rules) if refilling and not sampled else {}
+        following = followers(contexts, budgets, rules, kw.get("starts")) if refilling and not sampled else {}
         own = [i for i in range(len(out)) if i not in following or out[i].token_ids != out[following[i]].token_ids]
         with lock:
             calls.append({"contexts": [list(contexts[i]) for i in own], "sampled": sampled,

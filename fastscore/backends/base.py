@@ -79,6 +79,9 @@ class Backend(abc.ABC):
     context_option: ClassVar[str | None] = None  # the option that sets n_ctx, named in "context too long" errors
     # Whether set_threads() changes the CPU threads of an open backend (its results do not depend on them).
     threads_adjustable: ClassVar[bool] = False
+    # Whether a decoding step gives a context's next-token logits to the bit of a prefill of it, in any batch: then a
+    # completion's tokens may be prefilled instead of stepped (GreedyRequest.start_ids) without changing what follows.
+    steps_match_prefill: bool = False
 
     n_ctx: int
     n_ctx_train: int | None = None  # the context the model was trained on, where the weights say it

@@ -23,7 +23,9 @@ from fastscore.backends.llamacpp_batch import (
     LlamaCache,
     new_context,
 )
-from fastscore.backends.llamacpp_compact import build_decodes_weights, compact_matches, src1_f32_override
+from fastscore.backends.llamacpp_compact import (
+    build_decodes_weights, build_steps_match_prefill, compact_matches, src1_f32_override,
+)
 from fastscore.backends.llamacpp_streams import StreamDecoder, kv_bytes_per_cell
 from fastscore.deps import require
 from fastscore.errors import ArtefactUnavailableError, ModelLoadError, SettingsError, TokenizationError
@@ -90,6 +92,7 @@ class LlamaCppBackend(KVCacheBackend):
         _check_gguf(self.path)
         module = llama_module()  # initialises llama.cpp's backend and routes its log, whatever wraps the module
         self._L = L = self.llama_library(module)
+        self.steps_match_prefill = build_steps_match_prefill(getattr(module, "__version__", ""))
         self.n_seq_max = min(options.n_seq_max, int(L.llama_max_parallel_sequences()))
         if options.n_ctx is not None:  # more sequences than cells aborts llama.cpp (GGML_ASSERT n_outputs_max)
             self.n_seq_max = min(self.n_seq_max, options.n_ctx)

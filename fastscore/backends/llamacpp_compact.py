@@ -33,14 +33,26 @@ log = logging.getLogger(__name__)
 
 SRC1_F32_KEY = b"fastscore.src1_f32"
 FIRST_DECODING_BUILD = 4  # llama-cpp-python 0.3.36+fastscoreN decodes Q4_1 / Q8_0 weights exactly from N = 4
+FIRST_STEP_MATCHING_BUILD = 3  # ... and its decoding steps give the bits of a prefill from N = 3 (llamacpp/0003)
 X86 = ("x86_64", "AMD64")  # the decoded products are built for x86 (AVX, AVX2, AVX-512) only
 CHECK_TOKENS = 48  # the prefill of the check: enough for 16-row tiles and a tail
 
 
+def _patched_from(first: int, version: str, machine: str | None) -> bool:
+    """Whether llama-cpp-python `version` is this repo's build +fastscoreN with N >= first, on x86."""
+    label = re.search(r"\+fastscore(\d+)$", version)
+    return label is not None and int(label.group(1)) >= first and (machine or platform.machine()) in X86
+
+
 def build_decodes_weights(version: str, machine: str | None = None) -> bool:
     """Whether llama-cpp-python `version` (its local label) decodes compact weights exactly on this machine."""
-    label = re.search(r"\+fastscore(\d+)$", version)
-    return label is not None and int(label.group(1)) >= FIRST_DECODING_BUILD and (machine or platform.machine()) in X86
+    return _patched_from(FIRST_DECODING_BUILD, version, machine)
+
+
+def build_steps_match_prefill(version: str, machine: str | None = None) -> bool:
+    """Whether a decoding step of llama-cpp-python `version` gives the bits of a prefill (llamacpp/0003: every f32
+    product on tinyBLAS, one-row products too, on x86; PyPI's build sums a one-row step in another order)."""
+    return _patched_from(FIRST_STEP_MATCHING_BUILD, version, machine)
 
 
 def src1_f32_override(L) -> ctypes.Array:

@@ -344,6 +344,8 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
     envs = open_envs(config.envs, Path(config.data_dir), progress=progress)
     with timer("load model"):
         lanes = Lanes((given_scorer,)) if given_scorer is not None else _open_lanes(config, progress)
+    if not lanes.first.backend.steps_match_prefill:
+        known = None  # an attempt begun with a known completion could differ from decoding it again (KnownAttempts)
     try:
         # Only now, with every setting valid and the model loaded, may the previous run's files be replaced.
         resumed = store.start(config.result_settings(), config.resume, provenance.produced_by(lanes.first))

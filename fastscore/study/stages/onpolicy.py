@@ -11,7 +11,7 @@ from typing import Any
 from tqdm import tqdm
 
 from fastscore.decode import END_OF_TURN, ActionDone
-from fastscore.records import EmittedContinuation, GreedyRequest, GreedyResult
+from fastscore.records import EmittedContinuation, GreedyRequest, GreedyResult, Message
 from fastscore.study.data.conditions import condition_request_id
 from fastscore.study.data.envs.base import StudyEnv
 from fastscore.study.stages.isolate import call_isolating, error_reason
@@ -72,22 +72,24 @@ class KnownAttempts:
     own attempts at the same sources when the run goes on to on-policy items (--failures both).
 
     An attempt is a greedy decode of that very context under the same action rule and model, only with the
-    environment's cap instead of the item's smaller budget, so on an exact type (batch-invariant, the same bits on any
-    batch or lane) it is that completion: given as the attempt's start tokens (GreedyRequest.start_ids), a completion
-    that ended (its end-of-turn, or its action rule) is taken whole and runs no sequence, one that its budget cut is
-    decoded on from where it stopped. A run resumed after its seeded source has none and decodes every attempt,
-    with the same results. Only for exact types: elsewhere a second decode may differ (see own_attempt)."""
+    environment's cap instead of the item's smaller budget, so on an exact type whose decoding steps give the bits
+    of a prefill (Backend.steps_match_prefill: the same bits on any batch or lane) it is that completion: given as
+    the attempt's start tokens (GreedyRequest.start_ids), a completion that ended (its end-of-turn, or its action
+    rule) is taken whole and runs no sequence, one that its budget cut is decoded on from where it stopped. A
+    `before` completion read off the scoring pass's argmax chain stands for the decode here as it does in the seeded
+    rows (stages.decode.chain_completion). A run resumed after its seeded source has none and decodes every attempt,
+    with the same results. Elsewhere a second decode may differ (see own_attempt): the runner keeps none."""
 
     def __init__(self) -> None:
-        self._by_item: dict[str, tuple[tuple, GreedyResult]] = {}
+        self._by_item: dict[str, tuple[tuple[Message, ...], GreedyResult]] = {}
 
     def __len__(self) -> int:
         return len(self._by_item)
 
-    def remember(self, item_id: str, messages: tuple, completion: GreedyResult) -> None:
+    def remember(self, item_id: str, messages: tuple[Message, ...], completion: GreedyResult) -> None:
         self._by_item[item_id] = (tuple(messages), completion)
 
-    def start_ids(self, item_id: str, messages: tuple, stop_id: int) -> tuple[int, ...]:
+    def start_ids(self, item_id: str, messages: tuple[Message, ...], stop_id: int) -> tuple[int, ...]:
         """The tokens an attempt from `messages` begins with (ending with `stop_id` where the completion ended its
         turn); () where no completion of exactly this context is known."""
         known = self._by_item.get(item_id)
