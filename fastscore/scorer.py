@@ -214,7 +214,9 @@ class Scorer(RequestTokenizer):
         results: list[GreedyResult | None] = [None] * len(requests)
         if not requests:
             return []
-        for idx, decoder, width in self._decode_batches(budgets):
+        # A request's start tokens are prefilled with its context: the decoder reserves room for the rest only.
+        to_decode = [max(budget - len(request.start_ids), 1) for budget, request in zip(budgets, requests)]
+        for idx, decoder, width in self._decode_batches(to_decode):
             chunk = [requests[i] for i in idx]
             with self._finite_weights():
                 decoded = greedy_decode(
