@@ -206,9 +206,7 @@ class Scorer(RequestTokenizer):
                     f"{self.context_limit()}",
                     request_id=request.id,
                 )
-            if any(not 0 <= token < self.backend.n_vocab for token in request.start_ids):
-                raise RequestError(f"start_ids must be token ids in [0, {self.backend.n_vocab})",
-                                   request_id=request.id)
+            self.backend.check_tokens(request.start_ids, "start_ids", request_id=request.id)
             contexts.append(ids)
             budgets.append(budget)
         results: list[GreedyResult | None] = [None] * len(requests)

@@ -247,5 +247,6 @@ def test_start_ids_outside_the_vocabulary_are_a_request_error(tiny):
 
     [request] = _requests(1, [4])
     for bad in ((-1,), (tiny.backend.n_vocab,)):
-        with pytest.raises(RequestError, match="start_ids"):
+        with pytest.raises(RequestError, match="start_ids") as raised:
             tiny.greedy([replace(request, start_ids=bad)], max_new_tokens=4)
+        assert raised.value.request_id == request.id  # the study isolates the item it belongs to

@@ -141,16 +141,20 @@ class Backend(abc.ABC):
         self.stats.computed_tokens += int(n_tokens)
         self.stats.forward_calls += 1
 
-    def check_tokens(self, tokens: Sequence[int], where: str, limit: int | None = None) -> None:
-        """ContextTooLongError beyond `limit` tokens (default n_ctx), RequestError for an id outside the vocabulary."""
+    def check_tokens(self, tokens: Sequence[int], where: str, limit: int | None = None,
+                     request_id: object = None) -> None:
+        """ContextTooLongError beyond `limit` tokens (default n_ctx), RequestError for an id outside the vocabulary;
+        either names `request_id` where given (a study isolates the item it belongs to)."""
         limit = self.n_ctx if limit is None else limit
         if len(tokens) > limit:
             allowed = "" if limit == self.n_ctx else f" (at most {limit} here)"
             raise ContextTooLongError(
-                f"{where} is {len(tokens)} tokens, longer than the backend's context of {self.n_ctx} tokens{allowed}")
+                f"{where} is {len(tokens)} tokens, longer than the backend's context of {self.n_ctx} tokens{allowed}",
+                request_id=request_id)
         ids = np.asarray(tokens)
         if len(ids) and (ids.min() < 0 or ids.max() >= self.n_vocab):
-            raise RequestError(f"{where} has a token id outside the vocabulary [0, {self.n_vocab})")
+            raise RequestError(f"{where} has a token id outside the vocabulary [0, {self.n_vocab})",
+                               request_id=request_id)
 
     def check_context(self, contexts: Sequence[Sequence[int]]) -> None:
         """A decoder's start contexts: non-empty, valid ids, and room for at least one new token."""
