@@ -149,16 +149,38 @@ def _softmax_mass(logits: np.ndarray, ids: np.ndarray) -> float:
     return float(softmax(logits)[ids].sum())
 
 
-def _sample(logits: np.ndarray, temperature: float, rngs: Sequence[np.random.Generator]) -> np.ndarray:
-    """One token per row from softmax(row / temperature), by inverse CDF on the row's own uniform draw."""
-    chosen = np.empty(len(rngs), dtype=np.int64)
-    for row, rng in enumerate(rngs):
+def _choose(logits: np.ndarray, temperatures: Sequence[float],
+            rngs: Sequence[np.random.Generator | None]) -> np.ndarray:
+    """One token per row: its argmax where its temperature is 0, else drawn from softmax(row / temperature) by
+    inverse CDF on the row's own uniform draw."""
+    chosen = logits.argmax(axis=1)
+    for row, (temperature, rng) in enumerate(zip(temperatures, rngs)):
+        if temperature == 0:
+            continue
         scaled = logits[row].astype(np.float64)
         if temperature != 1.0:  # x / 1.0 is x: the study's temperature skips a pass over the vocabulary
             scaled /= temperature
         cdf = np.cumsum(softmax_in_place(scaled))  # a banned token (-inf) gets 0
         chosen[row] = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cdf) - 1)
     return chosen
+
+
+def _temperatures(temperature: float | Sequence[float], rngs: Sequence[np.random.Generator | None] | None,
+                  n: int) -> list[float]:
+    """One temperature per context, each >= 0, with a generator wherever it is above 0."""
+    if isinstance(temperature, (int, float, np.integer, np.floating)):
+        temperatures = [float(temperature)] * n
+    else:
+        temperatures = [float(t) for t in temperature]
+    if len(temperatures) != n:
+        raise ValueError(f"{len(temperatures)} temperatures for {n} contexts")
+    for t in temperatures:
+        if t < 0:
+            raise ValueError(f"temperature must be >= 0, not {t}")
+    if any(temperatures) and (rngs is None or len(rngs) != n
+                              or any(t > 0 and rng is None for t, rng in zip(temperatures, rngs))):
+        raise ValueError("sampling (temperature > 0) needs a numpy Generator for each sampled context in `rngs`")
+    return temperatures
 
 
 def _budgets(max_new_tokens: int | Sequence[int], n: int) -> list[int]:
@@ -207,8 +229,8 @@ def greedy_decode(
     max_new_tokens: int | Sequence[int],
     banned: Sequence[Iterable[str]] | None = None,
     ban_prefix: bool | Sequence[bool] = False,
-    temperature: float = 0.0,
-    rngs: Sequence[np.random.Generator] | None = None,
+    temperature: float | Sequence[float] = 0.0,
+    rngs: Sequence[np.random.Generator | None] | None = None,
     action_done: Sequence[ActionDone | None] | None = None,
     width: int | None = None,
     starts: Sequence[Sequence[int]] | None = None,
@@ -218,9 +240,10 @@ def greedy_decode(
     `max_new_tokens`: one budget for all, or one per context. `banned[i]` lists texts completion i may never
     equal (with `ban_prefix`, one flag for all or one per context: never start with). `action_done[i]` (optional):
     completion i's action rule (see the module docstring). The decoder is closed when done.
-    With `temperature` > 0 each completion is sampled instead, from softmax(logits / temperature), drawing from its
-    own generator `rngs[i]` (one uniform draw per generated token), so a completion does not depend on which other
-    contexts share the batch.
+    With `temperature` > 0 (one for all, or one per context) a completion is sampled instead, from
+    softmax(logits / temperature), drawing from its own generator `rngs[i]` (one uniform draw per generated token), so
+    it does not depend on which other contexts share the batch; greedy and sampled completions may share a call
+    (rngs[i] None where temperature[i] is 0), and then share what their contexts have in common.
     `width`: with a decoder that refills (`Decoder.refills`), at most this many sequences are live at once and a
     finished one's slot goes at once to the next waiting context, in the order given; without it, or with a decoder
     that cannot refill, every context starts at once. With a refilling decoder and `width`, a greedy context that
@@ -232,10 +255,7 @@ def greedy_decode(
     """
     n = len(contexts)
     budgets = _budgets(max_new_tokens, n)
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, not {temperature}")
-    if temperature > 0 and (rngs is None or len(rngs) != len(contexts)):
-        raise ValueError("sampling (temperature > 0) needs one numpy Generator per context in `rngs`")
+    temperatures = _temperatures(temperature, rngs, n)
     if action_done is not None and len(action_done) != n:
         raise ValueError(f"{len(action_done)} action_done rules for {n} contexts")
     if width is not None and width < 1:
@@ -288,7 +308,13 @@ def greedy_decode(
                 ended.add(i)
                 break
     refilling = width is not None and decoder.refills
-    following = followers(contexts, budgets, rules, starts) if refilling and temperature == 0 else {}
+    # Only greedy completions write the same tokens as another of the same context.
+    greedy = [i for i in range(n) if temperatures[i] == 0]
+    following = {}
+    if refilling and greedy:
+        following = {greedy[f]: greedy[leader] for f, leader in followers(
+            [contexts[i] for i in greedy], [budgets[i] for i in greedy], [rules[i] for i in greedy],
+            None if starts is None else [starts[i] for i in greedy]).items()}
     # A ban can keep a completion going where the same start tokens end its leader's (an armed action rule stops only
     # once no ban can act): such a follower runs as a sequence of its own.
     following = {f: leader for f, leader in following.items() if f not in ended and leader not in ended}
@@ -321,10 +347,8 @@ def greedy_decode(
                 logits = np.array(logits, dtype=np.float32, copy=True)
                 for row, i in enumerate(active):
                     apply_ban(i, logits[row])
-            if temperature == 0:
-                chosen = logits.argmax(axis=1)
-            else:
-                chosen = _sample(logits, temperature, [rngs[i] for i in active])
+            chosen = _choose(logits, [temperatures[i] for i in active],
+                             [None] * len(active) if rngs is None else [rngs[i] for i in active])
             still_active, next_tokens = [], []
             for i, token in zip(active, chosen.tolist()):
                 if advance(i, token):

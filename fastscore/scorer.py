@@ -184,15 +184,20 @@ class Scorer(RequestTokenizer):
     # --- greedy decoding ---
 
     def greedy(self, requests: Sequence[GreedyRequest], max_new_tokens: int = 128, ban_prefix: bool = False, *,
-               temperature: float = 0.0, rngs: Sequence[np.random.Generator] | None = None) -> list[GreedyResult]:
+               temperature: float | Sequence[float] = 0.0,
+               rngs: Sequence[np.random.Generator | None] | None = None) -> list[GreedyResult]:
         """Greedy completion of each context (rendered with a generation prompt; a raw-text prompt as it is), never
         equal to its banned texts (with `ban_prefix`, the call's or the request's: never starting with one); with
-        temperature > 0, sampled from `rngs[i]` (one Generator per request). Each request decodes up to its own
+        temperature > 0 (the call's, or one per request), sampled from `rngs[i]` (one Generator per sampled request;
+        greedy and sampled requests of one context share its prefill in one call). Each request decodes up to its own
         `max_new_tokens` if set, at most the call's (budgets share decoder calls), and its `action_done` rule may end
         it early (stopped_by "action_done", see fastscore.decode). A request's `start_ids` begin its completion as
         given. Results are in request order."""
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
+        for per_request, what in ((temperature, "temperatures"), (rngs, "generators")):
+            if per_request is not None and not np.isscalar(per_request) and len(per_request) != len(requests):
+                raise ValueError(f"{len(per_request)} {what} for {len(requests)} requests")
         contexts, budgets = [], []
         for request in requests:
             budget = max_new_tokens if request.max_new_tokens is None else min(request.max_new_tokens, max_new_tokens)
@@ -225,7 +230,7 @@ class Scorer(RequestTokenizer):
                     max_new_tokens=[budgets[i] for i in idx],
                     banned=[request.banned for request in chunk],
                     ban_prefix=[ban_prefix or request.ban_prefix for request in chunk],
-                    temperature=temperature,
+                    temperature=temperature if np.isscalar(temperature) else [temperature[i] for i in idx],
                     rngs=None if rngs is None else [rngs[i] for i in idx],
                     action_done=[request.action_done for request in chunk],
                     width=width,

@@ -112,9 +112,13 @@ def test_on_policy_actions_are_scored_as_emitted_under_every_condition_and_retri
         greedy = scorer.greedy
 
         def recording_greedy(requests, **kw):  # the real decoder; records what was sampled, and how
-            if kw.get("temperature"):
-                assert kw["temperature"] == 1.0
-                sampled_requests.extend(requests)
+            temperatures = kw.get("temperature", 0.0)
+            if isinstance(temperatures, float):
+                temperatures = [temperatures] * len(requests)
+            for request, temperature in zip(requests, temperatures, strict=True):
+                if temperature:
+                    assert temperature == 1.0
+                    sampled_requests.append(request)
             return greedy(requests, **kw)
 
         scorer.greedy = recording_greedy
@@ -183,8 +187,7 @@ def test_samples_stopped_once_settled_give_the_rows_of_samples_decoded_to_their_
 
             def recording_greedy(requests, **kw):
                 results = greedy(requests, **kw)
-                if kw.get("temperature"):
-                    tokens.extend(len(r.token_ids) for r in results)
+                tokens.extend(len(r.token_ids) for r, t in zip(results, kw["temperature"], strict=True) if t)
                 return results
 
             scorer.greedy = recording_greedy

@@ -250,3 +250,35 @@ def test_start_ids_outside_the_vocabulary_are_a_request_error(tiny):
         with pytest.raises(RequestError, match="start_ids") as raised:
             tiny.greedy([replace(request, start_ids=bad)], max_new_tokens=4)
         assert raised.value.request_id == request.id  # the study isolates the item it belongs to
+
+
+def test_greedy_and_sampled_requests_in_one_call_give_what_separate_calls_give_and_share_prefill(tiny):
+    """The study decodes an on-policy item's greedy completions and its samples of the same contexts in one call: each
+    sampled request draws from its own generator at its own temperature, each greedy one takes the argmax (ban twins
+    follow greedy leaders only, never a sample of the same context, budget and rule), and the results are those of a
+    greedy call and a sampled call made apart, while the contexts they share are computed once."""
+    rule = lambda t: len(t) > 10  # noqa: E731 (one rule object: samples could look like followers of the greedy)
+    greedy = _requests(6, [8, 15], rules=[rule] * 6)
+    free = tiny.greedy(greedy, max_new_tokens=20)
+    greedy += [replace(greedy[0], id="r0-ban", banned=(free[0].text[:2],), ban_prefix=True)]
+    sampled = [replace(r, id=f"{r.id}#{k}") for r in greedy[:6] for k in range(2)]
+    temperatures = [0.0] * len(greedy) + [1.0] * len(sampled)
+    for width in (4, 32):
+        make = Scorer(tiny.backend, tiny.tokenizer, max_decode_batch=width)
+        before = tiny.backend.stats.computed_tokens
+        apart = (make.greedy(greedy, max_new_tokens=20)
+                 + make.greedy(sampled, max_new_tokens=20, temperature=1.0, rngs=_rngs(sampled)))
+        between = tiny.backend.stats.computed_tokens
+        mixed = make.greedy(greedy + sampled, max_new_tokens=20, temperature=temperatures,
+                            rngs=[None] * len(greedy) + _rngs(sampled))
+        after = tiny.backend.stats.computed_tokens
+        print(f"width {width}: {_differing(apart, mixed)} of {len(mixed)} differ; tokens computed apart "
+              f"{between - before}, in one call {after - between}")
+        assert _differing(apart, mixed) == 0 and _mass_gap(apart, mixed) <= 1e-5
+        assert after - between < between - before
+    assert any(s.token_ids != free[i // 2].token_ids for i, s in enumerate(mixed[len(greedy):])), \
+        "samples must differ from the greedy completions for this test to mean anything"
+    with pytest.raises(ValueError, match="Generator"):
+        tiny.greedy(sampled, temperature=[1.0] * len(sampled), rngs=[None] * len(sampled))
+    with pytest.raises(ValueError, match="temperatures"):
+        tiny.greedy(sampled, temperature=[1.0], rngs=_rngs(sampled))

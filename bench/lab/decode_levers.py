@@ -30,7 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import click
+import numpy as np
 
+from fastscore.bench.lab.decoder_calls import call_kind
 from fastscore.bench.lab.refill_decode import CountingDecoder
 
 WIDTH = 32  # the scorer's max_decode_batch
@@ -222,17 +224,24 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
         call_seconds = time.perf_counter() - started
         budgets = kw["max_new_tokens"]
         budgets = [budgets] * len(out) if isinstance(budgets, int) else list(budgets)
-        sampled = kw.get("temperature", 0.0) > 0
+        temperature = kw.get("temperature", 0.0)
+        temperatures = [temperature] * len(out) if np.isscalar(temperature) else list(temperature)
+        sampled = [t > 0 for t in temperatures]
         # A greedy context that repeats an earlier one under another ban follows it and runs no sequence of its own
         # while they write the same tokens (the study's `ban` follows `after`): left out where it never parted. One
         # that parted is kept whole, as if it ran from its start: its steps before parting are over-counted (rare
         # in the study, where 80-100% of `ban` completions never part from `after`'s).
         rules = kw.get("action_done") or [None] * len(out)
         refilling = kw.get("width") is not None and decoder.refills
-        following = followers(contexts, budgets, rules, kw.get("starts")) if refilling and not sampled else {}
+        greedy = [i for i in range(len(out)) if not sampled[i]]
+        starts = kw.get("starts")
+        following = {greedy[f]: greedy[leader] for f, leader in followers(
+            [contexts[i] for i in greedy], [budgets[i] for i in greedy], [rules[i] for i in greedy],
+            None if starts is None else [starts[i] for i in greedy]).items()} if refilling else {}
         own = [i for i in range(len(out)) if i not in following or out[i].token_ids != out[following[i]].token_ids]
         with lock:
-            calls.append({"contexts": [list(contexts[i]) for i in own], "sampled": sampled,
+            calls.append({"contexts": [list(contexts[i]) for i in own], "sampled": [sampled[i] for i in own],
+                          "kind": call_kind(len(out) - sum(sampled), sum(sampled)),
                           "completions": [list(out[i].token_ids) for i in own],
                           "chosen": [len(out[i].token_ids) + (out[i].stopped_by == "end_of_turn") for i in own],
                           "budgets": [budgets[i] for i in own], "followers": len(out) - len(own),
@@ -266,10 +275,11 @@ def main(run_dir: Path, scratch: Path, threads: int, time_steps: int) -> None:
                "rows per token |")
     click.echo("|---|---|---|---|---|---|")
     for sampled in (False, True):
-        mine = [c for c in calls if c["sampled"] == sampled]
-        if not mine:
+        pairs = [(ctx, out, n) for c in calls
+                 for ctx, out, n, kind in zip(c["contexts"], c["completions"], c["chosen"], c["sampled"])
+                 if kind == sampled]
+        if not pairs:
             continue
-        pairs = [(ctx, out, n) for c in mine for ctx, out, n in zip(c["contexts"], c["completions"], c["chosen"])]
         stepped = sum(n - 1 for _, _, n in pairs)
         for k in (0, 1, 2, 3, 4, 8):
             steps = sum(drafted_steps(ctx, out, n, k) for ctx, out, n in pairs)
@@ -294,8 +304,7 @@ def main(run_dir: Path, scratch: Path, threads: int, time_steps: int) -> None:
                   "longest context first": sorted(range(size), key=lambda i: -lengths[i])}
         for name, order in orders.items():
             rows, attended, needed = cells_attended(lengths, chosen, order)
-            kind = "sampled" if call["sampled"] else "greedy"
-            click.echo(f"| {n} {call['env']} {kind} | {size} ({call['followers']}) | {name} | {rows:,} | "
+            click.echo(f"| {n} {call['env']} {call['kind']} | {size} ({call['followers']}) | {name} | {rows:,} | "
                        f"{attended / rows:.0f} | {needed / rows:.0f} | {1 - needed / attended:.2f} |")
 
 
@@ -304,12 +313,13 @@ def _print_step_times(run_dir: Path, calls: list[dict], threads: int, steps: int
     from fastscore.selection import ModelSelection
 
     settings = json.loads((run_dir / "config.json").read_text())
-    sampled_calls = [c for c in calls if c["sampled"]]
+    sampled_calls = [c for c in calls if any(c["sampled"])]
     if not sampled_calls:
         click.echo("\nNo sampled call to time (a seeded run?): --time-steps needs an on-policy run's folder.")
         return
-    largest = max(sampled_calls, key=lambda c: sum(c["chosen"]))  # the most tokens
-    contexts = largest["contexts"][:WIDTH]
+    # the most sampled tokens
+    largest = max(sampled_calls, key=lambda c: sum(n for n, kind in zip(c["chosen"], c["sampled"]) if kind))
+    contexts = [ctx for ctx, kind in zip(largest["contexts"], largest["sampled"]) if kind][:WIDTH]
     ks = (0, 1, 2, 3, 4)
     selection = ModelSelection.resolve(settings["model"], settings["backend"], settings["quant"], threads=threads)
     with selection.open() as scorer:

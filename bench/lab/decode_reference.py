@@ -48,7 +48,7 @@ def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
     shape = shape_from_gguf(ModelSelection.resolve(settings["model"], "llamacpp", settings["quant"]).artefact().path)
     with tempfile.TemporaryDirectory(prefix="fastscore-decode-reference-") as tmp:
         sgemm = spawn({"task": "sgemm", "n": sgemm_n, "repeats": 5, "threads": 1}, Path(tmp), "sgemm")
-    plain = [(c["env"], c["sampled"], r, n, s) for c in calls
+    plain = [(c["env"], c["kind"], r, n, s) for c in calls
              for r, j, n, s in zip(c["step_rows"], c["step_joins"], c["step_cells"], c["step_seconds"], strict=True)
              if not j]
     if not plain or any(n is None for *_, n, _ in plain):
@@ -67,21 +67,21 @@ def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
                f"{mean_cells:.0f}): K {k_rate / 1e9:.1f} GB/s, V {v_rate / 1e9:.1f} GB/s; "
                f"{row_flops / 1e6:.0f} MFLOP a row outside attention; {cell_bytes / 1e3:.1f} KB of K and as much of V "
                "a cell\n")
-    groups: dict[tuple[str, bool], list] = defaultdict(list)
-    for env, sampled, rows, n, s in plain:
-        groups[env, sampled].append((rows, n, s))
+    groups: dict[tuple[str, str], list] = defaultdict(list)
+    for env, kind, rows, n, s in plain:
+        groups[env, kind].append((rows, n, s))
     click.echo("| calls | plain steps | rows | cells per row | measured s | reference s: arithmetic + read | "
                "reference / measured |")
     click.echo("|---|---|---|---|---|---|---|")
     total = [0.0, 0.0]
-    for (env, sampled), steps in sorted(groups.items()):
+    for (env, kind), steps in sorted(groups.items()):
         rows, n = sum(r for r, _, _ in steps), sum(c for _, c, _ in steps)
         measured = sum(s for _, _, s in steps)
         arithmetic = step_reference(rows, 0, row_flops, flops, cell_bytes, k_rate, v_rate)  # no cells: no read
         reference = sum(step_reference(r, c, row_flops, flops, cell_bytes, k_rate, v_rate) for r, c, _ in steps)
         total[0] += measured
         total[1] += reference
-        click.echo(f"| {env} {'sampled' if sampled else 'greedy'} | {len(steps):,} | {rows:,} | {n / rows:.0f} | "
+        click.echo(f"| {env} {kind} | {len(steps):,} | {rows:,} | {n / rows:.0f} | "
                    f"{measured:.1f} | {reference:.1f}: {arithmetic:.1f} + {reference - arithmetic:.1f} | "
                    f"{reference / measured:.2f} |")
     click.echo(f"\nAll plain steps: {total[0]:.1f} s measured, {total[1]:.1f} s at the reference, "
@@ -90,18 +90,18 @@ def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
                "plain steps | the rest (host work between steps) |")
     click.echo("|---|---|---|---|---|---|")
     for key, parts in sorted(time_split(calls).items()):
-        env, sampled = key
+        env, kind = key
         whole, start, joins, steps = parts
-        click.echo(f"| {env} {'sampled' if sampled else 'greedy'} | {whole:.1f} | {start:.1f} | {joins:.1f} | "
+        click.echo(f"| {env} {kind} | {whole:.1f} | {start:.1f} | {joins:.1f} | "
                    f"{steps:.1f} | {whole - start - joins - steps:.1f} |")
 
 
-def time_split(calls: list[dict]) -> dict[tuple[str, bool], tuple[float, float, float, float]]:
-    """{(environment, sampled): (the decoder's seconds in all, its first prefill, its steps that joined contexts, its
+def time_split(calls: list[dict]) -> dict[tuple[str, str], tuple[float, float, float, float]]:
+    """{(environment, kind of call): (the decoder's seconds in all, its first prefill, its steps that joined contexts, its
     plain steps)} summed over the recorded calls."""
-    out: dict[tuple[str, bool], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    out: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
     for c in calls:
-        parts = out[c["env"], c["sampled"]]
+        parts = out[c["env"], c["kind"]]
         parts[0] += c["call_seconds"]
         parts[1] += c["start_seconds"]
         for joined, seconds in zip(c["step_joins"], c["step_seconds"], strict=True):

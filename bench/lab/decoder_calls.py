@@ -23,12 +23,16 @@ import click
 STAGE_OUTPUTS = ("scores.jsonl", "summary.json", "report.md")
 
 
+def call_kind(n_greedy: int, n_sampled: int) -> str:
+    return "greedy and sampled" if n_greedy and n_sampled else "sampled" if n_sampled else "greedy"
+
+
 def tally(calls: Iterable[dict]) -> dict[str, dict[str, float]]:
-    """{"env, greedy|sampled": {"calls", "requests", "tokens", "lane_seconds"}} of recorded calls, each
-    {"env", "sampled", "tokens": [per request], "seconds"}."""
+    """{"env, kind": {"calls", "requests", "tokens", "lane_seconds"}} of recorded calls, each {"env", "kind" (see
+    call_kind), "tokens": [per request], "seconds"}."""
     out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "requests": 0, "tokens": 0, "lane_seconds": 0.0})
     for call in calls:
-        row = out[f"{call['env']}, {'sampled' if call['sampled'] else 'greedy'}"]
+        row = out[f"{call['env']}, {call['kind']}"]
         row["calls"] += 1
         row["requests"] += len(call["tokens"])
         row["tokens"] += sum(call["tokens"])
@@ -54,8 +58,9 @@ def _recorded(calls: list[dict], env_of: dict[str, str]):
         ok, failed = run(self, scorer)
         seconds = time.perf_counter() - start
         env = env_of[next(iter(self.requests))]
+        kind = call_kind(sum(map(len, self.greedy.values())), sum(map(len, self.sampled.values())))
         with lock:
-            calls.append({"env": env, "sampled": self.sampled_seed is not None, "seconds": seconds,
+            calls.append({"env": env, "kind": kind, "seconds": seconds,
                           "tokens": [len(r.token_ids) for results in ok.values() for r in results]})
         return ok, failed
 

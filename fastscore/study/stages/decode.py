@@ -8,10 +8,11 @@ rest (no candidate's chain complete, the decoder ban, the model's own attempt) i
 item's budget and, where the environment has one, its action_done rule (MBPP: one token after the closed program,
 ending as ACTION_DONE unless that token ends the turn; no metric reads what a model writes after it). On-policy items
 also get k sampled completions under every record and from the clean context (SAMPLED_CONDITIONS; temperature 1.0,
-each from a generator seeded by the run's seed and the sample's id), decoded like the greedy completions (same budget,
-same action_done rule) and judged like them: token for token and in meaning (StudyEnv.repeats_failure). So "repeats
-after a failure" is compared with "repeats after any record of the same action", sampled as well as greedy. Only
-the counts of a sample are kept, so it also stops once its text rules out both repeats (sample_done).
+each from a generator seeded by the run's seed and the sample's id), decoded like the greedy completions and in the
+same decoder call (same budget, same action_done rule; each context computed once for both) and judged like them:
+token for token and in meaning (StudyEnv.repeats_failure). So "repeats after a failure" is compared with "repeats
+after any record of the same action", sampled as well as greedy. Only the counts of a sample are kept, so it also
+stops once its text rules out both repeats (sample_done).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from fastscore.study.stages.rows import reproduces, score_rows
 from fastscore.study.stages import errored_at, store_results
 from fastscore.study.stages.store import StudyStore
 
-ITEMS_PER_GREEDY_CALL = 8  # x up to 7 distinct contexts decoded side by side (the scorer keeps up to 32 live)
+# At most, x up to 7 distinct contexts and (on-policy) 12 samples decoded side by side (the scorer keeps up to 32 live)
+ITEMS_PER_GREEDY_CALL = 8
 RETRY_CONDITION = "clean_retry"
 RETRY_TEMPERATURE = 1.0
 # Where on-policy items are sampled: every record (after, success, neutral, description, dont_repeat) and the clean
@@ -74,6 +76,17 @@ def chain_completion(request_id: str, scored: dict[str, Any], tokenizer) -> Gree
     return None
 
 
+def items_per_call(n_items: int, n_lanes: int, sampled: bool) -> int:
+    """Items per decoder call for an environment of `n_items` scored items. Larger calls compute less (fewer narrow
+    tails as a call's queue drains, more prefill shared), but the stage's wall is at least its longest call. Calls
+    with samples (12 per on-policy item, most of the stage's tokens) are the long ones: on several lanes their
+    environment's items go in at least one call more than there are lanes, so a small study's work is shared out
+    (docs/performance.md, "Greedy and sampled requests in one call")."""
+    if n_lanes <= 1 or not sampled:
+        return ITEMS_PER_GREEDY_CALL
+    return max(1, min(ITEMS_PER_GREEDY_CALL, -(-n_items // (n_lanes + 1))))
+
+
 def retry_rng(seed: int, request_id: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(request_id.encode())])
 
@@ -83,12 +96,13 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
                  after_item: Callable[[str, str], None] | None = None, known: KnownAttempts | None = None) -> None:
     """Complete every condition and append each item's ScoreRows to scores.jsonl.
 
-    Decoder calls hold fixed chunks of each environment's scored items (as in score_stage): per chunk one greedy call
-    and, for on-policy items, one sampled call, each request with its item's own token budget (greedy_budget). An
-    on-policy item's `before` completion is the model's own attempt it was built from (see own_attempt), not decoded
-    again. `scorer`: a Scorer, or Lanes that run several calls side by side, longest first; the completions are
-    judged and stored in chunk order, in this thread, so the rows are those of one lane. `known`: where given, each
-    seeded item's `before` completion is remembered there for the model's own attempts at the same source.
+    Decoder calls hold fixed chunks of each environment's scored items (as in score_stage): per chunk one call of its
+    greedy requests and, for on-policy items, its sampled ones (DecoderCall), each request with its item's own token
+    budget (greedy_budget). An on-policy item's `before` completion is the model's own attempt it was built from (see
+    own_attempt), not decoded again. `scorer`: a Scorer, or Lanes that run several calls side by side, longest first;
+    the completions are judged and stored in chunk order, in this thread, so the rows are those of one lane. `known`:
+    where given, each seeded item's `before` completion is remembered there for the model's own attempts at the same
+    source.
     """
     lp = store.logprobs().load()
     err_log = store.item_errors()
@@ -100,7 +114,9 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
     lanes = as_lanes(scorer)
     chunk_plans = []
     for env in envs:
-        for chunk in chunks([item for item in scored if item.env == env], ITEMS_PER_GREEDY_CALL):
+        mine = [item for item in scored if item.env == env]
+        sampled = plan.retries > 0 and any(own_attempt(item) is not None for item in mine)
+        for chunk in chunks(mine, items_per_call(len(mine), len(lanes.scorers), sampled)):
             if all(item.item_id in done for item in chunk):
                 continue
             # A resumed chunk decodes only what is not stored yet.
@@ -133,57 +149,69 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
 
 @dataclass(frozen=True)
 class DecoderCall:
-    """One Scorer.greedy call of a chunk: its requests per item, and how it is sampled (None: greedy)."""
-    requests: dict[str, list[GreedyRequest]]
+    """A chunk's one Scorer.greedy call: per item, its greedy requests, then (on-policy items) its sampled ones.
+
+    Greedy and sampled requests of one context share a call so that the decoder computes the context once: a sample
+    joins as a copy of a stream that holds it. Each completion is the one a call of its own would give (sampled
+    ones draw from their own generators; on an exact type a row's logits do not depend on who shares its step)."""
+    greedy: dict[str, list[GreedyRequest]]
+    sampled: dict[str, list[GreedyRequest]]
     cap: int
-    sampled_seed: int | None = None
+    seed: int
+
+    @property
+    def requests(self) -> dict[str, list[GreedyRequest]]:
+        return {i: self.greedy.get(i, []) + self.sampled.get(i, []) for i in (*self.greedy, *self.sampled)}
 
     @property
     def cost(self) -> int:
         """Tokens it may decode at most: which call a free lane takes first (longest first)."""
         return sum(r.max_new_tokens or self.cap for reqs in self.requests.values() for r in reqs)
 
+    def sampled_ids(self) -> frozenset[str]:
+        return frozenset(r.id for reqs in self.sampled.values() for r in reqs)
+
     def run(self, scorer) -> tuple[dict[str, list[GreedyResult]], dict[str, Exception]]:
-        if self.sampled_seed is None:
-            decode = lambda reqs: scorer.greedy(reqs, max_new_tokens=self.cap)  # noqa: E731
-        else:
-            def decode(reqs: list[GreedyRequest]) -> list[GreedyResult]:
-                rngs = [retry_rng(self.sampled_seed, r.id) for r in reqs]
-                return scorer.greedy(reqs, max_new_tokens=self.cap, temperature=RETRY_TEMPERATURE, rngs=rngs)
+        """Results per item in its requests' order (greedy, then sampled), and the items that failed."""
+        sampled_ids = self.sampled_ids()
+
+        def decode(reqs: list[GreedyRequest]) -> list[GreedyResult]:
+            sampled = [r.id in sampled_ids for r in reqs]
+            return scorer.greedy(reqs, max_new_tokens=self.cap,
+                                 temperature=[RETRY_TEMPERATURE if s else 0.0 for s in sampled],
+                                 rngs=[retry_rng(self.seed, r.id) if s else None for r, s in zip(reqs, sampled)])
         return call_isolating(decode, self.requests, lambda r: r.id)
 
 
 @dataclass
 class ChunkPlan:
     """One chunk's completions: those known before decoding (the argmax chain, the model's own attempt), the
-    decoder calls for the rest, and, as the calls finish, their results."""
+    decoder call for the rest, and, once it finishes, its results."""
     env: StudyEnv
     members: list[Item]
     stands_for: dict[str, dict[str, str]]  # item -> condition -> the condition whose context it shares
     completions: dict[str, dict[str, GreedyResult]]  # item -> condition -> greedy completion
     decoded: dict[str, set[str]]  # item -> conditions decoded (not read off the argmax chain or the attempt)
     attempts: dict[str, GreedyResult | None]
-    greedy_call: DecoderCall | None
-    sampled_call: DecoderCall | None
+    call: DecoderCall | None
     retries: int
     failed: dict[str, Exception] = field(default_factory=dict)
     # on-policy item -> condition -> its k sampled completions
     sampled: dict[str, dict[str, list[GreedyResult]]] = field(default_factory=dict)
 
     def calls(self) -> list[DecoderCall]:
-        return [call for call in (self.greedy_call, self.sampled_call) if call is not None]
+        return [] if self.call is None else [self.call]
 
     def take(self, call: DecoderCall, ok: dict[str, list[GreedyResult]], failed: dict[str, Exception]) -> None:
-        """A finished call's results. An item that failed in the greedy call is not judged on its samples."""
-        for i, error in failed.items():
-            self.failed.setdefault(i, error)
-        if call is self.greedy_call:
-            for i, got in ok.items():
-                self.completions[i].update(by_condition(got))
-            return
-        k = self.retries  # each item's results come in its requests' order: condition by condition, k each
-        self.sampled.update({i: {cond: got[n * k : (n + 1) * k] for n, cond in enumerate(SAMPLED_CONDITIONS)}
-                             for i, got in ok.items()})
+        """The finished call's results; an item that failed is judged on neither its greedy nor its sampled ones."""
+        self.failed.update(failed)
+        k = self.retries  # an item's samples come in its requests' order: condition by condition, k each
+        for i, got in ok.items():
+            n_greedy = len(call.greedy.get(i, ()))
+            self.completions[i].update(by_condition(got[:n_greedy]))
+            if i in call.sampled:
+                mine = got[n_greedy:]
+                self.sampled[i] = {cond: mine[n * k : (n + 1) * k] for n, cond in enumerate(SAMPLED_CONDITIONS)}
 
 
 def _plan_chunk(members: list[Item], lp, tokenizer, env: StudyEnv, cap: int, plan: DecodePlan) -> ChunkPlan:
@@ -213,9 +241,8 @@ def _plan_chunk(members: list[Item], lp, tokenizer, env: StudyEnv, cap: int, pla
     # decoder's batches instead of each budget rebuilding the decoder for a few contexts.
     greedy = {i: reqs for i, reqs in to_decode.items() if reqs}
     sampled = _sample_requests(members, contexts, budgets, env, plan, tokenizer) if plan.retries else {}
-    return ChunkPlan(env, members, stands_for, results, decoded, attempts,
-                     DecoderCall(greedy, cap) if greedy else None,
-                     DecoderCall(sampled, cap, sampled_seed=plan.seed) if sampled else None, plan.retries)
+    call = DecoderCall(greedy, sampled, cap, plan.seed) if greedy or sampled else None
+    return ChunkPlan(env, members, stands_for, results, decoded, attempts, call, plan.retries)
 
 
 def sample_request_id(item_id: str, condition: str, k: int) -> str:
