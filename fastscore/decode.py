@@ -220,6 +220,19 @@ def followers(contexts: Sequence[Sequence[int]], budgets: Sequence[int],
     return out
 
 
+def greedy_followers(contexts: Sequence[Sequence[int]], budgets: Sequence[int], rules: Sequence[ActionDone | None],
+                     starts: Sequence[Sequence[int]] | None, temperatures: Sequence[float]) -> dict[int, int]:
+    """`followers` among the greedy contexts (temperature 0): a sample draws its own tokens, so it neither follows
+    another context nor leads one."""
+    greedy = [i for i, t in enumerate(temperatures) if t == 0]
+
+    def pick(values: Sequence) -> list:
+        return [values[i] for i in greedy]
+
+    found = followers(pick(contexts), pick(budgets), pick(rules), None if starts is None else pick(starts))
+    return {greedy[f]: greedy[leader] for f, leader in found.items()}
+
+
 def greedy_decode(
     decoder: Decoder,
     contexts: Sequence[Sequence[int]],
@@ -308,13 +321,7 @@ def greedy_decode(
                 ended.add(i)
                 break
     refilling = width is not None and decoder.refills
-    # Only greedy completions write the same tokens as another of the same context.
-    greedy = [i for i in range(n) if temperatures[i] == 0]
-    following = {}
-    if refilling and greedy:
-        following = {greedy[f]: greedy[leader] for f, leader in followers(
-            [contexts[i] for i in greedy], [budgets[i] for i in greedy], [rules[i] for i in greedy],
-            None if starts is None else [starts[i] for i in greedy]).items()}
+    following = greedy_followers(contexts, budgets, rules, starts, temperatures) if refilling else {}
     # A ban can keep a completion going where the same start tokens end its leader's (an armed action rule stops only
     # once no ban can act): such a follower runs as a sequence of its own.
     following = {f: leader for f, leader in following.items() if f not in ended and leader not in ended}

@@ -17,10 +17,11 @@ def test_a_steps_reference_adds_its_rows_arithmetic_to_reading_its_cells():
 def test_a_calls_seconds_split_into_prefill_joins_and_plain_steps():
     from fastscore.bench.lab.decode_reference import time_split
 
-    calls = [{"env": "mbpp", "sampled": True, "call_seconds": 10.0, "start_seconds": 2.0,
+    calls = [{"env": "mbpp", "kind": "greedy and sampled", "call_seconds": 10.0, "start_seconds": 2.0,
               "step_joins": [0, 1, 0], "step_seconds": [1.0, 3.0, 1.5]},
-             {"env": "mbpp", "sampled": True, "call_seconds": 5.0, "start_seconds": 1.0,
+             {"env": "mbpp", "kind": "greedy and sampled", "call_seconds": 5.0, "start_seconds": 1.0,
               "step_joins": [0], "step_seconds": [2.0]},
-             {"env": "tools", "sampled": False, "call_seconds": 1.0, "start_seconds": 0.5,
+             {"env": "tools", "kind": "greedy", "call_seconds": 1.0, "start_seconds": 0.5,
               "step_joins": [], "step_seconds": []}]
-    assert time_split(calls) == {("mbpp", True): (15.0, 3.0, 3.0, 4.5), ("tools", False): (1.0, 0.5, 0.0, 0.0)}
+    assert time_split(calls) == {("mbpp", "greedy and sampled"): (15.0, 3.0, 3.0, 4.5),
+                                 ("tools", "greedy"): (1.0, 0.5, 0.0, 0.0)}

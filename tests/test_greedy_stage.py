@@ -190,6 +190,6 @@ def test_items_per_call_share_a_small_studys_samples_out_over_the_lanes_and_keep
     for n in (1, 5, 10, 974):
         assert items_per_call(n, 1, sampled=True) == 8  # one lane: nothing to share out
         assert items_per_call(n, 2, sampled=False) == 8  # greedy calls only: short enough as they are
-    # samples on two lanes: at least three calls per environment while that needs calls under 8 items
-    assert [items_per_call(n, 2, sampled=True) for n in (1, 2, 3, 5, 10, 24, 25, 974)] == [1, 1, 1, 2, 4, 8, 8, 8]
+    # samples on two lanes: calls of at most a third of the environment's items, rounded up
+    assert [items_per_call(n, 2, sampled=True) for n in (1, 2, 3, 4, 5, 10, 24, 25, 974)] == [1, 1, 1, 2, 2, 4, 8, 8, 8]
     assert [items_per_call(n, 4, sampled=True) for n in (5, 10, 40, 41)] == [1, 2, 8, 8]

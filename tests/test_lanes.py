@@ -182,7 +182,8 @@ def test_abort_workers_stops_a_long_decode_in_a_lane_thread(smollm_artefact):
 
 
 def test_a_study_on_two_lanes_stores_the_rows_of_one_lane(tmp_path, study_data):
-    """The model's own failures (greedy and sampled calls per chunk) on 2 lanes of 1 thread and on 1 lane of 2."""
+    """The model's own failures (a call of greedy and sampled requests per chunk; on 2 lanes, chunks of 1 item) on 2
+    lanes of 1 thread and on 1 lane of 2."""
     base = StudyConfig(envs=("tools",), limit=2, seed=43, failures="model", data_dir=study_data, n_boot=50,
                        retries=2, threads=2)
     runs = {}

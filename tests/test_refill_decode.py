@@ -262,20 +262,24 @@ def test_greedy_and_sampled_requests_in_one_call_give_what_separate_calls_give_a
     free = tiny.greedy(greedy, max_new_tokens=20)
     greedy += [replace(greedy[0], id="r0-ban", banned=(free[0].text[:2],), ban_prefix=True)]
     sampled = [replace(r, id=f"{r.id}#{k}") for r in greedy[:6] for k in range(2)]
-    temperatures = [0.0] * len(greedy) + [1.0] * len(sampled)
     for width in (4, 32):
         make = Scorer(tiny.backend, tiny.tokenizer, max_decode_batch=width)
         before = tiny.backend.stats.computed_tokens
         apart = (make.greedy(greedy, max_new_tokens=20)
                  + make.greedy(sampled, max_new_tokens=20, temperature=1.0, rngs=_rngs(sampled)))
-        between = tiny.backend.stats.computed_tokens
-        mixed = make.greedy(greedy + sampled, max_new_tokens=20, temperature=temperatures,
-                            rngs=[None] * len(greedy) + _rngs(sampled))
-        after = tiny.backend.stats.computed_tokens
-        print(f"width {width}: {_differing(apart, mixed)} of {len(mixed)} differ; tokens computed apart "
-              f"{between - before}, in one call {after - between}")
-        assert _differing(apart, mixed) == 0 and _mass_gap(apart, mixed) <= 1e-5
-        assert after - between < between - before
+        computed_apart = tiny.backend.stats.computed_tokens - before
+        # in one call, greedy requests first (a sample could follow) and samples first (a sample could lead)
+        for first, second in ((greedy, sampled), (sampled, greedy)):
+            before = tiny.backend.stats.computed_tokens
+            got = make.greedy(first + second, max_new_tokens=20,
+                              temperature=[float(r in sampled) for r in first + second],
+                              rngs=[_rngs([r])[0] if r in sampled else None for r in first + second])
+            computed = tiny.backend.stats.computed_tokens - before
+            mixed = sorted(got, key=lambda r: [x.id for x in greedy + sampled].index(r.id))
+            print(f"width {width}, {'greedy' if first is greedy else 'samples'} first: {_differing(apart, mixed)} of "
+                  f"{len(mixed)} differ; tokens computed apart {computed_apart}, in one call {computed}")
+            assert _differing(apart, mixed) == 0 and _mass_gap(apart, mixed) <= 1e-5
+            assert computed < computed_apart
     assert any(s.token_ids != free[i // 2].token_ids for i, s in enumerate(mixed[len(greedy):])), \
         "samples must differ from the greedy completions for this test to mean anything"
     with pytest.raises(ValueError, match="Generator"):

@@ -204,7 +204,7 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
     and budgets (the sequences it ran: not the ban twins that never left the context they followed); `env_of`:
     item id -> environment (a study call holds one environment's items)."""
     import fastscore.scorer as scorer_module
-    from fastscore.decode import followers
+    from fastscore.decode import greedy_followers
     from fastscore.study.stages import decode as stage
 
     lock, decode = threading.Lock(), scorer_module.greedy_decode
@@ -233,11 +233,7 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
         # in the study, where 80-100% of `ban` completions never part from `after`'s).
         rules = kw.get("action_done") or [None] * len(out)
         refilling = kw.get("width") is not None and decoder.refills
-        greedy = [i for i in range(len(out)) if not sampled[i]]
-        starts = kw.get("starts")
-        following = {greedy[f]: greedy[leader] for f, leader in followers(
-            [contexts[i] for i in greedy], [budgets[i] for i in greedy], [rules[i] for i in greedy],
-            None if starts is None else [starts[i] for i in greedy]).items()} if refilling else {}
+        following = greedy_followers(contexts, budgets, rules, kw.get("starts"), temperatures) if refilling else {}
         own = [i for i in range(len(out)) if i not in following or out[i].token_ids != out[following[i]].token_ids]
         with lock:
             calls.append({"contexts": [list(contexts[i]) for i in own], "sampled": [sampled[i] for i in own],

@@ -233,7 +233,8 @@ def decode_plan(config: StudyConfig) -> DecodePlan:
     the end-of-turn token (else the chain does not say where greedy decoding stops). Samples only for the model's
     own failures."""
     return DecodePlan(argmax_chain=exact_type(config) and config.include_end_of_turn,
-                      retries=config.retries if config.failures == "model" else 0, seed=config.seed)
+                      retries=config.retries if config.failures == "model" else 0, seed=config.seed,
+                      exact=exact_type(config))
 
 
 def _seeded_source(config: StudyConfig, seeded: Mapping[str, SeededItems] | None

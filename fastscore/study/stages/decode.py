@@ -40,7 +40,8 @@ from fastscore.study.stages.rows import reproduces, score_rows
 from fastscore.study.stages import errored_at, store_results
 from fastscore.study.stages.store import StudyStore
 
-# At most, x up to 7 distinct contexts and (on-policy) 12 samples decoded side by side (the scorer keeps up to 32 live)
+# Items per decoder call at most: each with up to 7 distinct contexts and, on-policy, 6 x retries samples (the
+# scorer keeps up to 32 sequences live)
 ITEMS_PER_GREEDY_CALL = 8
 RETRY_CONDITION = "clean_retry"
 RETRY_TEMPERATURE = 1.0
@@ -54,6 +55,9 @@ class DecodePlan:
     argmax_chain: bool  # read greedy completions off the argmax chain (only valid on an exact, batch-invariant type)
     retries: int  # sampled completions per on-policy item and SAMPLED_CONDITIONS condition (0: none)
     seed: int
+    # An exact, batch-invariant type: a completion is the same bits whichever call decodes it, on a backend whose
+    # steps give a prefill's bits (Backend.steps_match_prefill), so call sizes may follow the lanes (items_per_call).
+    exact: bool = False
 
 
 def greedy_budget(cap: int, lp_record: dict[str, Any]) -> int:
@@ -79,8 +83,8 @@ def chain_completion(request_id: str, scored: dict[str, Any], tokenizer) -> Gree
 def items_per_call(n_items: int, n_lanes: int, sampled: bool) -> int:
     """Items per decoder call for an environment of `n_items` scored items. Larger calls compute less (fewer narrow
     tails as a call's queue drains, more prefill shared), but the stage's wall is at least its longest call. Calls
-    with samples (12 per on-policy item, most of the stage's tokens) are the long ones: on several lanes their
-    environment's items go in at least one call more than there are lanes, so a small study's work is shared out
+    with samples (6 x retries per on-policy item, most of the stage's tokens) are the long ones: on several lanes
+    they hold at most n_items / (lanes + 1) items (rounded up), so a small study's work is shared out
     (docs/performance.md, "Greedy and sampled requests in one call")."""
     if n_lanes <= 1 or not sampled:
         return ITEMS_PER_GREEDY_CALL
@@ -96,7 +100,7 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
                  after_item: Callable[[str, str], None] | None = None, known: KnownAttempts | None = None) -> None:
     """Complete every condition and append each item's ScoreRows to scores.jsonl.
 
-    Decoder calls hold fixed chunks of each environment's scored items (as in score_stage): per chunk one call of its
+    Decoder calls hold fixed chunks of each environment's scored items (items_per_call): per chunk one call of its
     greedy requests and, for on-policy items, its sampled ones (DecoderCall), each request with its item's own token
     budget (greedy_budget). An on-policy item's `before` completion is the model's own attempt it was built from (see
     own_attempt), not decoded again. `scorer`: a Scorer, or Lanes that run several calls side by side, longest first;
@@ -112,25 +116,27 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
     failed_here = errored_at(errors, "greedy")
     scored = [item for item in items if item.item_id in lp]
     lanes = as_lanes(scorer)
+    # Elsewhere a completion's last bits may depend on its call: calls then do not depend on the lanes either.
+    n_lanes = len(lanes.scorers) if plan.exact and lanes.first.backend.steps_match_prefill else 1
     chunk_plans = []
     for env in envs:
         mine = [item for item in scored if item.env == env]
         sampled = plan.retries > 0 and any(own_attempt(item) is not None for item in mine)
-        for chunk in chunks(mine, items_per_call(len(mine), len(lanes.scorers), sampled)):
+        for chunk in chunks(mine, items_per_call(len(mine), n_lanes, sampled)):
             if all(item.item_id in done for item in chunk):
                 continue
             # A resumed chunk decodes only what is not stored yet.
             members = [item for item in chunk if item.item_id not in failed_here and item.item_id not in done]
             chunk_plans.append(_plan_chunk(members, lp, lanes.first.tokenizer, envs[env], new_tokens(env), plan))
-    calls = [call for chunk_plan in chunk_plans for call in chunk_plan.calls()]
+    calls = [chunk_plan.call for chunk_plan in chunk_plans if chunk_plan.call is not None]
     finished = lanes.ordered(calls, lambda call, lane: call.run(lane), cost=lambda call: call.cost)
     # closing: an error while judging or storing (a sandbox run, the disk) also stops the lanes' calls
     with contextlib.closing(finished), tqdm(total=len(scored), initial=sum(item.item_id in done for item in scored),
                                             desc="greedy decoding", unit="item", disable=not progress) as bar:
         for chunk_plan in chunk_plans:
-            for _call in chunk_plan.calls():
-                call, (ok, failed) = next(finished)
-                chunk_plan.take(call, ok, failed)
+            if chunk_plan.call is not None:
+                _call, (ok, failed) = next(finished)
+                chunk_plan.take(ok, failed)
             env, completions, failed = chunk_plan.env, chunk_plan.completions, chunk_plan.failed
             samples = _judge_samples(chunk_plan, lp)
 
@@ -152,8 +158,8 @@ class DecoderCall:
     """A chunk's one Scorer.greedy call: per item, its greedy requests, then (on-policy items) its sampled ones.
 
     Greedy and sampled requests of one context share a call so that the decoder computes the context once: a sample
-    joins as a copy of a stream that holds it. Each completion is the one a call of its own would give (sampled
-    ones draw from their own generators; on an exact type a row's logits do not depend on who shares its step)."""
+    joins as a copy of a stream that holds it. Sampled ones draw from their own generators, so on an exact type, on a
+    backend whose steps give a prefill's bits, each completion is the one a call of its own would give."""
     greedy: dict[str, list[GreedyRequest]]
     sampled: dict[str, list[GreedyRequest]]
     cap: int
@@ -199,11 +205,9 @@ class ChunkPlan:
     # on-policy item -> condition -> its k sampled completions
     sampled: dict[str, dict[str, list[GreedyResult]]] = field(default_factory=dict)
 
-    def calls(self) -> list[DecoderCall]:
-        return [] if self.call is None else [self.call]
-
-    def take(self, call: DecoderCall, ok: dict[str, list[GreedyResult]], failed: dict[str, Exception]) -> None:
+    def take(self, ok: dict[str, list[GreedyResult]], failed: dict[str, Exception]) -> None:
         """The finished call's results; an item that failed is judged on neither its greedy nor its sampled ones."""
+        call = self.call
         self.failed.update(failed)
         k = self.retries  # an item's samples come in its requests' order: condition by condition, k each
         for i, got in ok.items():
