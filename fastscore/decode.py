@@ -165,15 +165,18 @@ def _choose(logits: np.ndarray, temperatures: Sequence[float],
     return chosen
 
 
+def _per_context(value, n: int, what: str, cast: Callable) -> list:
+    """One value for all n contexts, or one per context."""
+    values = [cast(value)] * n if np.isscalar(value) else [cast(v) for v in value]
+    if len(values) != n:
+        raise ValueError(f"{len(values)} {what} for {n} contexts")
+    return values
+
+
 def _temperatures(temperature: float | Sequence[float], rngs: Sequence[np.random.Generator | None] | None,
                   n: int) -> list[float]:
     """One temperature per context, each >= 0, with a generator wherever it is above 0."""
-    if isinstance(temperature, (int, float, np.integer, np.floating)):
-        temperatures = [float(temperature)] * n
-    else:
-        temperatures = [float(t) for t in temperature]
-    if len(temperatures) != n:
-        raise ValueError(f"{len(temperatures)} temperatures for {n} contexts")
+    temperatures = _per_context(temperature, n, "temperatures", float)
     for t in temperatures:
         if t < 0:
             raise ValueError(f"temperature must be >= 0, not {t}")
@@ -184,12 +187,7 @@ def _temperatures(temperature: float | Sequence[float], rngs: Sequence[np.random
 
 
 def _budgets(max_new_tokens: int | Sequence[int], n: int) -> list[int]:
-    if isinstance(max_new_tokens, (int, np.integer)):
-        budgets = [int(max_new_tokens)] * n
-    else:
-        budgets = [int(b) for b in max_new_tokens]
-    if len(budgets) != n:
-        raise ValueError(f"{len(budgets)} token budgets for {n} contexts")
+    budgets = _per_context(max_new_tokens, n, "token budgets", int)
     for budget in budgets:
         if budget < 1:
             raise ValueError(f"max_new_tokens must be >= 1, not {budget}")
