@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from fastscore.backends.llamacpp_abort import abort_workers, mark_lane_thread
-from fastscore.study.runner import StudyConfig, lane_plan, run_study
+from fastscore.study.opening import lane_plan
+from fastscore.study.runner import StudyConfig, run_study
 from fastscore.study.stages.lanes import Lanes, as_lanes
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -39,6 +38,7 @@ from fastscore.study.analysis.sensitivity import attach_sensitivity
 from fastscore.study.stages.sensitivity import sensitivity_stage
 from fastscore.study.stages.store import SCORES_FILE, StudyStore
 from fastscore.study.sources import StudyOutcome, combine_sources
+from fastscore.study.opening import model_selection, open_lanes
 
 log = logging.getLogger(__name__)
 
@@ -174,52 +174,6 @@ def check_config(config: StudyConfig) -> None:
         raise DataError(f"study data folder {data} not found (resolved: {data.resolve()}); pass --data DIR")
 
 
-def model_selection(config: StudyConfig):
-    """The study's model, checked (fastscore.selection); nothing is loaded."""
-    from fastscore.selection import ModelSelection
-
-    return ModelSelection.resolve(config.model, config.backend, config.quant, hf_path=config.hf_path,
-                                  threads=config.threads)
-
-
-def _open_scorer(config: StudyConfig, progress: bool):
-    # imports a backend: only when a study actually runs
-    return model_selection(config).open(progress=progress, include_end_of_turn=config.include_end_of_turn)
-
-
-DEFAULT_LANES = 2  # on 2 cores, 2 lanes of 1 thread decode 1.14x faster than 1 of 2 (docs/performance.md, "Lanes")
-
-
-def lane_plan(config: StudyConfig) -> tuple[int, int | None]:
-    """(lanes, threads of each): --threads shared out among --lanes. One lane keeps --threads as given (None: the
-    backend's default). Without --lanes, several lanes only on a backend whose results do not depend on its threads
-    (llama.cpp): the rows must not depend on the machine's core count."""
-    from fastscore.backends import backend_class
-
-    total = config.threads if config.threads is not None else os.cpu_count() or 1
-    if config.lanes is not None:
-        lanes = min(config.lanes, total)  # a lane has at least one of the threads asked for
-    else:
-        lanes = min(DEFAULT_LANES, total) if backend_class(config.backend).threads_adjustable else 1
-    if lanes == 1:
-        return 1, config.threads
-    return lanes, max(total // lanes, 1)
-
-
-def _open_lanes(config: StudyConfig, progress: bool) -> Lanes:
-    lanes, threads = lane_plan(config)
-    per_lane = replace(config, threads=threads)
-    scorers: list = []
-    try:
-        for _ in range(lanes):
-            scorers.append(_open_scorer(per_lane, progress))
-    except BaseException:
-        for scorer in scorers:
-            scorer.close()
-        raise
-    return Lanes(scorers)
-
-
 def exact_type(config: StudyConfig) -> bool:
     """Is the run's type batch-invariant full precision, so that a completion is the same bits in any batch or lane
     (a quantised llama.cpp type's argmax moves with the batch)?"""
@@ -344,7 +298,7 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
     store.check_resume(config.result_settings(), config.resume)
     envs = open_envs(config.envs, Path(config.data_dir), progress=progress)
     with timer("load model"):
-        lanes = Lanes((given_scorer,)) if given_scorer is not None else _open_lanes(config, progress)
+        lanes = Lanes((given_scorer,)) if given_scorer is not None else open_lanes(config, progress)
     if not lanes.first.backend.steps_match_prefill:
         known = None  # an attempt begun with a known completion could differ from decoding it again (KnownAttempts)
     try:
