@@ -173,15 +173,17 @@ def _per_context(value, n: int, what: str, cast: Callable) -> list:
     return values
 
 
-def _temperatures(temperature: float | Sequence[float], rngs: Sequence[np.random.Generator | None] | None,
-                  n: int) -> list[float]:
-    """One temperature per context, each >= 0, with a generator wherever it is above 0."""
+def per_context_temperatures(temperature: float | Sequence[float],
+                             rngs: Sequence[np.random.Generator | None] | None, n: int) -> list[float]:
+    """One temperature per context, each >= 0, with a generator wherever it is above 0 (`rngs`, where given, holds
+    one entry per context)."""
     temperatures = _per_context(temperature, n, "temperatures", float)
     for t in temperatures:
         if t < 0:
             raise ValueError(f"temperature must be >= 0, not {t}")
-    if any(temperatures) and (rngs is None or len(rngs) != n
-                              or any(t > 0 and rng is None for t, rng in zip(temperatures, rngs))):
+    if rngs is not None and len(rngs) != n:
+        raise ValueError(f"{len(rngs)} generators for {n} contexts")
+    if any(t > 0 and (rngs is None or rngs[i] is None) for i, t in enumerate(temperatures)):
         raise ValueError("sampling (temperature > 0) needs a numpy Generator for each sampled context in `rngs`")
     return temperatures
 
@@ -266,7 +268,7 @@ def greedy_decode(
     """
     n = len(contexts)
     budgets = _budgets(max_new_tokens, n)
-    temperatures = _temperatures(temperature, rngs, n)
+    temperatures = per_context_temperatures(temperature, rngs, n)
     if action_done is not None and len(action_done) != n:
         raise ValueError(f"{len(action_done)} action_done rules for {n} contexts")
     if width is not None and width < 1:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from fastscore.backends.base import Backend
-from fastscore.decode import greedy_decode
+from fastscore.decode import greedy_decode, per_context_temperatures
 from fastscore.errors import BackendError, ContextTooLongError, DamagedArtefactError, RequestError
 from fastscore.mathops import softmax
 from fastscore.records import (
@@ -195,9 +195,7 @@ class Scorer(RequestTokenizer):
         given. Results are in request order."""
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
-        for per_request, what in ((temperature, "temperatures"), (rngs, "generators")):
-            if per_request is not None and not np.isscalar(per_request) and len(per_request) != len(requests):
-                raise ValueError(f"{len(per_request)} {what} for {len(requests)} requests")
+        temperatures = per_context_temperatures(temperature, rngs, len(requests))
         contexts, budgets = [], []
         for request in requests:
             budget = max_new_tokens if request.max_new_tokens is None else min(request.max_new_tokens, max_new_tokens)
@@ -230,7 +228,7 @@ class Scorer(RequestTokenizer):
                     max_new_tokens=[budgets[i] for i in idx],
                     banned=[request.banned for request in chunk],
                     ban_prefix=[ban_prefix or request.ban_prefix for request in chunk],
-                    temperature=temperature if np.isscalar(temperature) else [temperature[i] for i in idx],
+                    temperature=[temperatures[i] for i in idx],
                     rngs=None if rngs is None else [rngs[i] for i in idx],
                     action_done=[request.action_done for request in chunk],
                     width=width,

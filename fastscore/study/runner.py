@@ -182,13 +182,14 @@ def exact_type(config: StudyConfig) -> bool:
     return FULL_PRECISION.get(config.backend) == config.quant
 
 
-def decode_plan(config: StudyConfig) -> DecodePlan:
+def decode_plan(config: StudyConfig, backend=None) -> DecodePlan:
     """Greedy completions come off the argmax chain only where that is exact: an exact type (exact_type) scoring
     the end-of-turn token (else the chain does not say where greedy decoding stops). Samples only for the model's
-    own failures."""
+    own failures. A completion is the same bits in any call (DecodePlan.exact) on an exact type on a `backend` whose
+    steps give a prefill's bits."""
     return DecodePlan(argmax_chain=exact_type(config) and config.include_end_of_turn,
                       retries=config.retries if config.failures == "model" else 0, seed=config.seed,
-                      exact=exact_type(config))
+                      exact=exact_type(config) and backend is not None and backend.steps_match_prefill)
 
 
 def _seeded_source(config: StudyConfig, seeded: Mapping[str, SeededItems] | None
@@ -299,7 +300,8 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
     envs = open_envs(config.envs, Path(config.data_dir), progress=progress)
     with timer("load model"):
         lanes = Lanes((given_scorer,)) if given_scorer is not None else open_lanes(config, progress)
-    if not lanes.first.backend.steps_match_prefill:
+    plan = decode_plan(config, lanes.first.backend)
+    if not plan.exact:
         known = None  # an attempt begun with a known completion could differ from decoding it again (KnownAttempts)
     try:
         # Only now, with every setting valid and the model loaded, may the previous run's files be replaced.
@@ -325,7 +327,7 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
                 score_stage(store, scorer, envs, items, progress=progress, after_item=hooked)
         run_bar.settle(source, len(items), built + 1)
         with timer("greedy decoding", computed):
-            greedy_stage(store, lanes, envs, items, config.new_tokens, decode_plan(config), progress=progress,
+            greedy_stage(store, lanes, envs, items, config.new_tokens, plan, progress=progress,
                          after_item=hooked, known=known)
         run_bar.settle(source, len(items), built + 2)
         if config.sensitivity:

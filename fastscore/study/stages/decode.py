@@ -55,8 +55,8 @@ class DecodePlan:
     argmax_chain: bool  # read greedy completions off the argmax chain (only valid on an exact, batch-invariant type)
     retries: int  # sampled completions per on-policy item and SAMPLED_CONDITIONS condition (0: none)
     seed: int
-    # An exact, batch-invariant type: a completion is the same bits whichever call decodes it, on a backend whose
-    # steps give a prefill's bits (Backend.steps_match_prefill), so call sizes may follow the lanes (items_per_call).
+    # A completion is the same bits whichever call decodes it (an exact, batch-invariant type on a backend whose
+    # steps give a prefill's bits, Backend.steps_match_prefill), so call sizes may follow the lanes (items_per_call).
     exact: bool = False
 
 
@@ -117,7 +117,7 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
     scored = [item for item in items if item.item_id in lp]
     lanes = as_lanes(scorer)
     # Elsewhere a completion's last bits may depend on its call: calls then do not depend on the lanes either.
-    n_lanes = len(lanes.scorers) if plan.exact and lanes.first.backend.steps_match_prefill else 1
+    n_lanes = len(lanes.scorers) if plan.exact else 1
     chunk_plans = []
     for env in envs:
         mine = [item for item in scored if item.env == env]
