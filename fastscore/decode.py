@@ -30,26 +30,21 @@ reported banned mass is the one decoding to the end would give.
 
 from __future__ import annotations
 
-import bisect
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from fastscore.backends.base import Decoder
-from fastscore.mathops import softmax, softmax_in_place
+from fastscore.bans import ban_may_act, prefix_ban, softmax_mass, text_ban
+from fastscore.decode_units import ActionDone, DecodeUnit, decode_unit, greedy_followers
+from fastscore.mathops import softmax_in_place
 
 
 END_OF_TURN = "end_of_turn"
 MAX_TOKENS = "max_tokens"
 ACTION_DONE = "action_done"  # the action_done rule held and the next token was not a stop token
-
-# A predicate on the text generated so far (UTF-8, an incomplete last character replaced) that, once true, stays
-# true as the text grows: the action is written, what follows cannot change it.
-ActionDone = Callable[[str], bool]
-
 
 @dataclass(frozen=True)
 class Decoded:
@@ -59,94 +54,6 @@ class Decoded:
     stopped_by: str  # END_OF_TURN, MAX_TOKENS or ACTION_DONE
     banned_mass: float
     banned_steps: int
-
-
-class TextBan:
-    """Which token ids would complete one of a set of banned texts, given the bytes generated so far."""
-
-    def __init__(self, token_bytes: Sequence[bytes], stop_ids: Iterable[int], n_vocab: int) -> None:
-        self.stop_ids = np.array(sorted(stop_ids), dtype=np.int64)
-        stops = set(self.stop_ids.tolist())
-        self._by_strip: dict[bytes, list[int]] = defaultdict(list)
-        self._by_rstrip: dict[bytes, list[int]] = defaultdict(list)
-        blank = []
-        for token_id in range(n_vocab):
-            if token_id in stops:
-                continue
-            piece = token_bytes[token_id] if token_id < len(token_bytes) else b""
-            stripped = piece.strip()
-            if stripped:
-                self._by_strip[stripped].append(token_id)
-                self._by_rstrip[piece.rstrip()].append(token_id)
-            else:
-                blank.append(token_id)
-        self._blank = np.array(blank, dtype=np.int64)  # whitespace-only tokens: they leave the stripped text as is
-
-    def blocked(self, text: bytes, banned: frozenset[bytes], final_step: bool) -> np.ndarray:
-        """Token ids to block after `text`; `banned` holds stripped banned texts; `final_step`: this token is the last.
-
-        Not at the final step, only a stop token can complete the text. At the final step any token does.
-        """
-        if not banned:
-            return self.stop_ids[:0]
-        matches_now = text.strip() in banned
-        parts = [self.stop_ids] if matches_now else []
-        if final_step:
-            if matches_now:
-                parts.append(self._blank)
-            head = text.lstrip()
-            for key in banned:
-                if not head:  # only whitespace so far: the token alone must spell the banned text
-                    parts.append(np.array(self._by_strip.get(key, ()), dtype=np.int64))
-                elif len(key) > len(head) and key.startswith(head):
-                    parts.append(np.array(self._by_rstrip.get(key[len(head) :], ()), dtype=np.int64))
-        if not parts:
-            return self.stop_ids[:0]
-        return np.unique(np.concatenate(parts))
-
-
-class PrefixBan:
-    """Which token ids would make the text generated so far start with a banned text (after leading whitespace)."""
-
-    def __init__(self, token_bytes: Sequence[bytes], stop_ids: Iterable[int], n_vocab: int) -> None:
-        stops = set(int(i) for i in stop_ids)
-        pieces = [(token_bytes[i] if i < len(token_bytes) else b"", i) for i in range(n_vocab) if i not in stops]
-        # Sorted pieces: the tokens starting with some bytes are one contiguous run, found by bisection.
-        self._pieces = sorted((piece, i) for piece, i in pieces if piece)
-        self._leading = sorted((piece.lstrip(), i) for piece, i in pieces if piece.strip())
-
-    @staticmethod
-    def _starting_with(index: list[tuple[bytes, int]], prefix: bytes) -> list[int]:
-        out, k = [], bisect.bisect_left(index, (prefix, -1))
-        while k < len(index) and index[k][0].startswith(prefix):
-            out.append(index[k][1])
-            k += 1
-        return out
-
-    def blocked(self, text: bytes, banned: frozenset[bytes], final_step: bool) -> np.ndarray:
-        head = text.lstrip()
-        found: list[int] = []
-        for key in banned:
-            if not head:  # only whitespace so far: a token that (after its own whitespace) spells the key
-                found += self._starting_with(self._leading, key)
-            elif len(key) > len(head) and key.startswith(head):
-                found += self._starting_with(self._pieces, key[len(head) :])
-        return np.unique(np.array(found, dtype=np.int64))
-
-
-@lru_cache(maxsize=4)
-def prefix_ban(token_bytes: tuple[bytes, ...], stop_ids: frozenset[int], n_vocab: int) -> PrefixBan:
-    return PrefixBan(token_bytes, stop_ids, n_vocab)
-
-
-@lru_cache(maxsize=4)
-def text_ban(token_bytes: tuple[bytes, ...], stop_ids: frozenset[int], n_vocab: int) -> TextBan:
-    """The ban index of a vocabulary, built once per tokenizer (a pass over every token)."""
-    return TextBan(token_bytes, stop_ids, n_vocab)
-
-
-def _softmax_mass(logits: np.ndarray, ids: np.ndarray) -> float:
-    return float(softmax(logits)[ids].sum())
 
 
 def _choose(logits: np.ndarray, temperatures: Sequence[float],
@@ -163,74 +70,6 @@ def _choose(logits: np.ndarray, temperatures: Sequence[float],
         cdf = np.cumsum(softmax_in_place(scaled))  # a banned token (-inf) gets 0
         chosen[row] = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cdf) - 1)
     return chosen
-
-
-def _per_context(value, n: int, what: str, cast: Callable) -> list:
-    """One value for all n contexts, or one per context."""
-    values = [cast(value)] * n if np.isscalar(value) else [cast(v) for v in value]
-    if len(values) != n:
-        raise ValueError(f"{len(values)} {what} for {n} contexts")
-    return values
-
-
-def per_context_temperatures(temperature: float | Sequence[float],
-                             rngs: Sequence[np.random.Generator | None] | None, n: int) -> list[float]:
-    """One temperature per context, each >= 0, with a generator wherever it is above 0 (`rngs`, where given, holds
-    one entry per context)."""
-    temperatures = _per_context(temperature, n, "temperatures", float)
-    for t in temperatures:
-        if t < 0:
-            raise ValueError(f"temperature must be >= 0, not {t}")
-    if rngs is not None and len(rngs) != n:
-        raise ValueError(f"{len(rngs)} generators for {n} contexts")
-    if any(t > 0 and (rngs is None or rngs[i] is None) for i, t in enumerate(temperatures)):
-        raise ValueError("sampling (temperature > 0) needs a numpy Generator for each sampled context in `rngs`")
-    return temperatures
-
-
-def _budgets(max_new_tokens: int | Sequence[int], n: int) -> list[int]:
-    budgets = _per_context(max_new_tokens, n, "token budgets", int)
-    for budget in budgets:
-        if budget < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, not {budget}")
-    return budgets
-
-
-def _ban_may_act(text: bytes, banned: frozenset[bytes]) -> bool:
-    """Could a ban still block a token after `text` or any longer text? Only while the stripped text is a prefix of
-    a banned text: every later text, stripped, starts with this one stripped."""
-    head = text.strip()
-    return any(key.startswith(head) for key in banned)
-
-
-def followers(contexts: Sequence[Sequence[int]], budgets: Sequence[int],
-              rules: Sequence[ActionDone | None], starts: Sequence[Sequence[int]] | None = None) -> dict[int, int]:
-    """{follower: leader}: a context identical to an earlier one, with the same budget, action rule and start tokens
-    (bans may differ). Greedy decoding writes the same tokens for both until a ban makes them differ, so the follower
-    reads its leader's logits instead of running a sequence of its own, and leaves it only where they part."""
-    first: dict[tuple, int] = {}
-    out = {}
-    for i, context in enumerate(contexts):
-        # The rule by identity: the same rule object (the study shares one per call); equal but distinct rules,
-        # or unhashable ones, only cost a sequence each.
-        start = tuple(starts[i]) if starts is not None else ()
-        leader = first.setdefault((tuple(context), start, budgets[i], id(rules[i])), i)
-        if leader != i:
-            out[i] = leader
-    return out
-
-
-def greedy_followers(contexts: Sequence[Sequence[int]], budgets: Sequence[int], rules: Sequence[ActionDone | None],
-                     starts: Sequence[Sequence[int]] | None, temperatures: Sequence[float]) -> dict[int, int]:
-    """`followers` among the greedy contexts (temperature 0): a sample draws its own tokens, so it neither follows
-    another context nor leads one."""
-    greedy = [i for i, t in enumerate(temperatures) if t == 0]
-
-    def pick(values: Sequence) -> list:
-        return [values[i] for i in greedy]
-
-    found = followers(pick(contexts), pick(budgets), pick(rules), None if starts is None else pick(starts))
-    return {greedy[f]: greedy[leader] for f, leader in found.items()}
 
 
 def greedy_decode(
@@ -266,117 +105,227 @@ def greedy_decode(
     against its budget and its action rule reads them, they are prefilled with its context, and a completion they
     already end (a stop token, its budget, its action rule) runs no sequence at all.
     """
-    n = len(contexts)
-    budgets = _budgets(max_new_tokens, n)
-    temperatures = per_context_temperatures(temperature, rngs, n)
-    if action_done is not None and len(action_done) != n:
-        raise ValueError(f"{len(action_done)} action_done rules for {n} contexts")
     if width is not None and width < 1:
         raise ValueError(f"width must be >= 1, not {width}")
-    if starts is not None and len(starts) != n:
-        raise ValueError(f"{len(starts)} start token lists for {n} contexts")
+    unit = decode_unit(None, contexts, max_new_tokens=max_new_tokens, banned=banned, ban_prefix=ban_prefix,
+                       temperature=temperature, rngs=rngs, action_done=action_done, starts=starts)
+    n = len(contexts)
     if n == 0:
         return []
-    stop_set = set(int(i) for i in stop_ids)
-    banned_keys = [
-        frozenset(text.encode().strip() for text in (banned[i] if banned else ())) for i in range(n)
-    ]
-    rules = list(action_done) if action_done is not None else [None] * n
-    armed = [False] * n  # the action_done rule held after an earlier token
-    generated: list[list[int]] = [[] for _ in range(n)]
-    texts = [b""] * n
-    mass = [0.0] * n
-    steps_banned = [0] * n
-    stopped = [MAX_TOKENS] * n
-    prefix = [bool(ban_prefix)] * n if isinstance(ban_prefix, bool) else [bool(p) for p in ban_prefix]
-
-    def advance(i: int, token: int) -> bool:
-        """Completion i takes `token`; True while it goes on."""
-        if token in stop_set:
-            stopped[i] = END_OF_TURN
-            return False
-        generated[i].append(token)
-        texts[i] += token_bytes[token] if token < len(token_bytes) else b""
-        if armed[i] and not _ban_may_act(texts[i], banned_keys[i]):
-            stopped[i] = ACTION_DONE
-            return False
-        if rules[i] is not None and not armed[i]:
-            armed[i] = rules[i](texts[i].decode("utf-8", errors="replace"))
-        return len(generated[i]) < budgets[i]
-
-    def apply_ban(i: int, row: np.ndarray) -> None:
-        """Block, in `row` (completion i's next-token logits), the tokens that would complete a banned text."""
-        if ban is None or not banned_keys[i]:
-            return
-        blocked = ban[prefix[i]].blocked(texts[i], banned_keys[i], len(generated[i]) + 1 == budgets[i])
-        if blocked.size:
-            mass[i] += _softmax_mass(row, blocked)
-            steps_banned[i] += 1
-            row[blocked] = -np.inf
-
-    ended = set()  # completions already ended by their start tokens
-    for i, start in enumerate(starts or ()):
-        for token in start:
-            if not advance(i, int(token)):
-                ended.add(i)
-                break
+    session = _Session(token_bytes, stop_ids)
     refilling = width is not None and decoder.refills
-    following = greedy_followers(contexts, budgets, rules, starts, temperatures) if refilling else {}
-    # A ban can keep a completion going where the same start tokens end its leader's (an armed action rule stops only
-    # once no ban can act): such a follower runs as a sequence of its own.
-    following = {f: leader for f, leader in following.items() if f not in ended and leader not in ended}
-    followed_by: dict[int, list[int]] = defaultdict(list)
-    for follower, leader in following.items():
-        followed_by[leader].append(follower)
-    # completions that start as sequences of their own
-    own = [i for i in range(n) if i not in following and i not in ended]
+    own = session.add(unit, follow=refilling)  # completions that start as sequences of their own
     if not own:  # every completion is known from its start tokens: nothing to decode
         decoder.close()
-        return [Decoded(tuple(generated[i]), stopped[i], mass[i], steps_banned[i]) for i in range(n)]
+        return session.results(0)
     with decoder:
         slots = n
-        if refilling and (width < len(own) or following):
-            slots = decoder.reserve_slots(min(width, n), max(len(c) + b for c, b in zip(contexts, budgets)))
+        if refilling and (width < len(own) or session.following):
+            slots = decoder.reserve_slots(min(width, n), unit.longest)
+        session.run(decoder, own, slots, more=None)
+    return session.results(0)
+
+
+def queue_decode(decoder: Decoder, pull: Callable[[], DecodeUnit | None],
+                 on_done: Callable[[Hashable, list[Decoded]], None], *, token_bytes: Sequence[bytes],
+                 stop_ids: Iterable[int], width: int, longest: int) -> None:
+    """The completions of units taken one after another from `pull` (None: no more), in one session of a refilling
+    decoder: at most `width` sequences live, and a finished one's slot goes at once to the next waiting context,
+    pulling the next unit when none waits. So the session's steps stay full from its first unit to its last, where
+    separate calls would each end in steps of a few rows. Within a unit as greedy_decode (followers, start tokens,
+    bans, samples). `on_done(key, completions)` as the last completion of a unit ends, in the calling thread.
+    `longest`: the most tokens any unit's sequence will hold (DecodeUnit.longest), which sizes the decoder's slots.
+
+    A completion's tokens depend on which others share its steps only where the backend's results depend on the
+    batch: callers pull units from one queue in several sessions only on an exact type whose steps give a
+    prefill's bits (Backend.steps_match_prefill)."""
+    if not decoder.refills:
+        raise ValueError(f"{type(decoder).__name__} cannot take sequences between steps: no queue to decode")
+    session = _Session(token_bytes, stop_ids, on_done)
+
+    def more() -> list[int] | None:
+        unit = pull()
+        if unit is None:
+            return None
+        if unit.longest > longest:
+            raise ValueError(f"unit {unit.key!r} holds {unit.longest} tokens, more than the session's {longest}")
+        return session.add(unit, follow=True)
+
+    with decoder:
+        slots = decoder.reserve_slots(width, longest)
+        own: list[int] = []
+        while len(own) < slots:
+            got = more()
+            if got is None:
+                break
+            own += got
+        if own:
+            session.run(decoder, own, slots, more=more if len(own) >= slots else None)
+
+
+class _Session:
+    """The completions of one decoding session: per-context state, contexts added unit by unit, and the loop that
+    steps every live sequence at once."""
+
+    def __init__(self, token_bytes: Sequence[bytes], stop_ids: Iterable[int],
+                 on_done: Callable[[Hashable, list[Decoded]], None] | None = None) -> None:
+        self.token_bytes = token_bytes
+        self.stop_set = set(int(i) for i in stop_ids)
+        self.on_done = on_done
+        self.units: list[tuple[DecodeUnit, int]] = []  # (unit, index of its first context)
+        self.left: list[int] = []  # per unit: completions not ended yet
+        self.unit_of: list[int] = []
+        self.contexts: list[Sequence[int] | None] = []
+        self.budgets: list[int] = []
+        self.temperatures: list[float] = []
+        self.rngs: list[np.random.Generator | None] = []
+        self.keys: list[frozenset[bytes]] = []
+        self.prefix: list[bool] = []
+        self.rules: list[ActionDone | None] = []
+        self.armed: list[bool] = []  # the action_done rule held after an earlier token
+        self.generated: list[list[int]] = []
+        self.texts: list[bytes] = []
+        self.mass: list[float] = []
+        self.steps_banned: list[int] = []
+        self.stopped: list[str] = []
+        self.following: dict[int, int] = {}  # follower -> leader, while it follows
+        self.followed_by: dict[int, list[int]] = defaultdict(list)
+        self.n_vocab: int | None = None
+        self.bans: dict[bool, object] = {}  # ban_prefix -> the vocabulary's index (TextBan or PrefixBan)
+
+    def add(self, unit: DecodeUnit, follow: bool) -> list[int]:
+        """Takes in a unit's contexts; returns those that start as sequences of their own (not following another,
+        not already ended by their start tokens). `follow`: greedy contexts may follow an identical earlier one."""
+        base, n = len(self.contexts), len(unit.contexts)
+        self.units.append((unit, base))
+        self.left.append(n)
+        self.unit_of += [len(self.units) - 1] * n
+        self.contexts += list(unit.contexts)
+        self.budgets += list(unit.budgets)
+        self.temperatures += list(unit.temperatures)
+        self.rngs += list(unit.rngs)
+        self.keys += list(unit.banned)
+        self.prefix += list(unit.ban_prefix)
+        self.rules += list(unit.action_done)
+        self.armed += [False] * n
+        self.generated += [[] for _ in range(n)]
+        self.texts += [b""] * n
+        self.mass += [0.0] * n
+        self.steps_banned += [0] * n
+        self.stopped += [MAX_TOKENS] * n
+        ended = set()  # completions ended by their start tokens
+        for k, start in enumerate(unit.starts):
+            for token in start:
+                if not self.advance(base + k, int(token)):
+                    ended.add(base + k)
+                    break
+        if follow:
+            found = greedy_followers(unit.contexts, unit.budgets, unit.action_done, unit.starts, unit.temperatures)
+            # A ban can keep a completion going where the same start tokens end its leader's (an armed action rule
+            # stops only once no ban can act): such a follower runs as a sequence of its own.
+            for f, leader in found.items():
+                if base + f not in ended and base + leader not in ended:
+                    self.following[base + f] = base + leader
+                    self.followed_by[base + leader].append(base + f)
+        return [i for i in range(base, base + n) if i not in self.following and i not in ended]
+
+    def results(self, unit: int) -> list[Decoded]:
+        first, n = self.units[unit][1], len(self.units[unit][0].contexts)
+        return [Decoded(tuple(self.generated[i]), self.stopped[i], self.mass[i], self.steps_banned[i])
+                for i in range(first, first + n)]
+
+    def _ended(self, i: int) -> None:
+        unit = self.unit_of[i]
+        self.left[unit] -= 1
+        if self.left[unit] == 0 and self.on_done is not None:
+            self.on_done(self.units[unit][0].key, self.results(unit))
+            first, n = self.units[unit][1], len(self.units[unit][0].contexts)
+            self.contexts[first : first + n] = [None] * n  # a long session keeps no finished unit's tokens
+
+    def advance(self, i: int, token: int) -> bool:
+        """Completion i takes `token`; True while it goes on."""
+        going_on = self._advance(i, token)
+        if not going_on:
+            self._ended(i)
+        return going_on
+
+    def _advance(self, i: int, token: int) -> bool:
+        if token in self.stop_set:
+            self.stopped[i] = END_OF_TURN
+            return False
+        self.generated[i].append(token)
+        self.texts[i] += self.token_bytes[token] if token < len(self.token_bytes) else b""
+        if self.armed[i] and not ban_may_act(self.texts[i], self.keys[i]):
+            self.stopped[i] = ACTION_DONE
+            return False
+        if self.rules[i] is not None and not self.armed[i]:
+            self.armed[i] = self.rules[i](self.texts[i].decode("utf-8", errors="replace"))
+        return len(self.generated[i]) < self.budgets[i]
+
+    def apply_ban(self, i: int, row: np.ndarray) -> None:
+        """Block, in `row` (completion i's next-token logits), the tokens that would complete a banned text."""
+        if not self.keys[i]:
+            return
+        ban = self.bans.get(self.prefix[i])
+        if ban is None:  # one index per vocabulary and kind (cached across sessions)
+            make = prefix_ban if self.prefix[i] else text_ban
+            ban = self.bans[self.prefix[i]] = make(tuple(self.token_bytes), frozenset(self.stop_set), self.n_vocab)
+        blocked = ban.blocked(self.texts[i], self.keys[i], len(self.generated[i]) + 1 == self.budgets[i])
+        if blocked.size:
+            self.mass[i] += softmax_mass(row, blocked)
+            self.steps_banned[i] += 1
+            row[blocked] = -np.inf
+
+    def context(self, i: int) -> list[int]:
+        return list(self.contexts[i]) + self.generated[i]
+
+    def run(self, decoder: Decoder, own: list[int], slots: int, more: Callable[[], list[int] | None] | None) -> None:
+        """Step the first `slots` of `own` and, as slots free up, the completions that parted from their leaders,
+        the rest of `own`, then those `more` adds (None: no more)."""
         started = own[:slots]
         waiting = deque(own[slots:])
         parted: deque[int] = deque()  # followers whose leader chose another token, waiting for a slot
         seq_of = {i: k for k, i in enumerate(started)}  # completion -> the decoder's sequence number
-        logits = np.asarray(decoder.start([list(contexts[i]) + generated[i] for i in started]))
-        bans = {kind: make(tuple(token_bytes), frozenset(stop_set), logits.shape[1])
-                for kind, make in ((False, text_ban), (True, prefix_ban))
-                if any(keys and p == kind for keys, p in zip(banned_keys, prefix))}
-        ban = bans or None
+        logits = np.asarray(decoder.start([self.context(i) for i in started]))
+        self.n_vocab = logits.shape[1]
         active = list(started)
         while active:
             # A leader's logits as the model gave them, for its followers (its own ban must not act on theirs).
-            shared = {i: np.array(logits[row], dtype=np.float32) for row, i in enumerate(active) if followed_by[i]}
-            if ban is not None:  # blocked entries are overwritten: never write into the decoder's buffer
+            shared = {i: np.array(logits[row], dtype=np.float32) for row, i in enumerate(active) if self.followed_by[i]}
+            if any(self.keys[i] for i in active):  # blocked entries are overwritten: never the decoder's buffer
                 logits = np.array(logits, dtype=np.float32, copy=True)
                 for row, i in enumerate(active):
-                    apply_ban(i, logits[row])
-            chosen = _choose(logits, [temperatures[i] for i in active],
-                             [None] * len(active) if rngs is None else [rngs[i] for i in active])
+                    self.apply_ban(i, logits[row])
+            chosen = _choose(logits, [self.temperatures[i] for i in active], [self.rngs[i] for i in active])
             still_active, next_tokens = [], []
             for i, token in zip(active, chosen.tolist()):
-                if advance(i, token):
+                if self.advance(i, token):
                     still_active.append(i)
                     next_tokens.append(token)
             going_on = set(still_active)
             for leader, row in shared.items():
                 leader_token = int(chosen[active.index(leader)])
-                for follower in list(followed_by[leader]):
+                for follower in list(self.followed_by[leader]):
                     mine = row.copy()
-                    apply_ban(follower, mine)
+                    self.apply_ban(follower, mine)
                     token = int(mine.argmax())
-                    goes_on = advance(follower, token)
+                    goes_on = self.advance(follower, token)
                     if token == leader_token and goes_on and leader in going_on:
                         continue  # the same token, both go on: still the leader's completion
-                    followed_by[leader].remove(follower)  # ended with it, or parts from it here
+                    self.followed_by[leader].remove(follower)  # ended with it, or parts from it here
+                    del self.following[follower]
                     if goes_on:
                         parted.append(follower)
             joining = []
-            while (parted or waiting) and len(still_active) + len(joining) < slots:
-                joining.append(parted.popleft() if parted else waiting.popleft())
+            while len(still_active) + len(joining) < slots:
+                if parted or waiting:
+                    joining.append(parted.popleft() if parted else waiting.popleft())
+                    continue
+                added = more() if more is not None else None
+                if added is None:
+                    more = None
+                    break
+                waiting.extend(added)
             # A completion that parted from its leader joins with the tokens it wrote: its stream starts as a copy
             # of the longest prefix a live stream holds (the leader's), so nothing already computed is computed again.
             for i in joining:  # the decoder numbers joining sequences on after every one started so far
@@ -386,8 +335,6 @@ def greedy_decode(
                 break
             seqs = [seq_of[i] for i in still_active]
             if joining:
-                logits = decoder.join_step(seqs, next_tokens,
-                                           [list(contexts[i]) + generated[i] for i in joining])
+                logits = decoder.join_step(seqs, next_tokens, [self.context(i) for i in joining])
             else:
                 logits = decoder.step(seqs, next_tokens)
-    return [Decoded(tuple(generated[i]), stopped[i], mass[i], steps_banned[i]) for i in range(n)]

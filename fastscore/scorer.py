@@ -10,13 +10,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from fastscore.backends.base import Backend
-from fastscore.decode import greedy_decode, per_context_temperatures
+from fastscore.decode import Decoded, greedy_decode, queue_decode
+from fastscore.decode_units import DecodeUnit, decode_unit, per_context_temperatures
 from fastscore.errors import BackendError, ContextTooLongError, DamagedArtefactError, RequestError
 from fastscore.mathops import softmax
 from fastscore.records import (
@@ -32,6 +34,23 @@ from fastscore.request_tokens import PreparedRequest, RequestTokenizer
 from fastscore.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GreedyUnit:
+    """Greedy requests made ready for Scorer.serve_greedy (Scorer.greedy_unit): the requests and their token-level
+    unit, whose key names them in on_done."""
+
+    requests: tuple[GreedyRequest, ...]
+    unit: DecodeUnit
+
+    @property
+    def key(self) -> Hashable:
+        return self.unit.key
+
+    @property
+    def longest(self) -> int:
+        return self.unit.longest
 
 
 def set_probabilities(logprobs: Sequence[float]) -> tuple[float, ...]:
@@ -193,25 +212,7 @@ class Scorer(RequestTokenizer):
         `max_new_tokens` if set, at most the call's (budgets share decoder calls), and its `action_done` rule may end
         it early (stopped_by "action_done", see fastscore.decode). A request's `start_ids` begin its completion as
         given. Results are in request order."""
-        if max_new_tokens < 1:
-            raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
-        temperatures = per_context_temperatures(temperature, rngs, len(requests))
-        contexts, budgets = [], []
-        for request in requests:
-            budget = max_new_tokens if request.max_new_tokens is None else min(request.max_new_tokens, max_new_tokens)
-            if budget < 1:
-                raise RequestError(f"max_new_tokens must be >= 1, not {budget}", request_id=request.id)
-            ids = (self.prompt_ids(request.prompt, request.id) if request.prompt is not None
-                   else self.context_ids(request.messages, request.id, request.tools))
-            if len(ids) + budget > self.backend.n_ctx:
-                raise ContextTooLongError(
-                    f"the context is {len(ids)} tokens; with {budget} new tokens that is longer than "
-                    f"{self.context_limit()}",
-                    request_id=request.id,
-                )
-            self.backend.check_tokens(request.start_ids, "start_ids", request_id=request.id)
-            contexts.append(ids)
-            budgets.append(budget)
+        temperatures, contexts, budgets = self._greedy_prepared(requests, max_new_tokens, temperature, rngs)
         results: list[GreedyResult | None] = [None] * len(requests)
         if not requests:
             return []
@@ -235,15 +236,81 @@ class Scorer(RequestTokenizer):
                     starts=[request.start_ids for request in chunk],
                 )
             for i, request, d in zip(idx, chunk, decoded, strict=True):
-                results[i] = GreedyResult(
-                    id=request.id,
-                    text=self.tokenizer.decode(d.token_ids),
-                    token_ids=d.token_ids,
-                    stopped_by=d.stopped_by,
-                    banned_mass=d.banned_mass,
-                    banned_steps=d.banned_steps,
-                )
+                results[i] = self._greedy_result(request, d)
         return results
+
+    def greedy_unit(self, key: Hashable, requests: Sequence[GreedyRequest], max_new_tokens: int = 128,
+                    ban_prefix: bool = False, *, temperature: float | Sequence[float] = 0.0,
+                    rngs: Sequence[np.random.Generator | None] | None = None) -> GreedyUnit:
+        """`requests` as greedy() takes them, made ready for serve_greedy: tokenized and checked, so an item-level
+        error (RequestError, ContextTooLongError, TokenizationError) is raised here, before any decoding."""
+        temperatures, contexts, budgets = self._greedy_prepared(requests, max_new_tokens, temperature, rngs)
+        unit = decode_unit(key, contexts, max_new_tokens=budgets, banned=[r.banned for r in requests],
+                           ban_prefix=[ban_prefix or r.ban_prefix for r in requests], temperature=temperatures,
+                           rngs=rngs, action_done=[r.action_done for r in requests],
+                           starts=[r.start_ids for r in requests])
+        return GreedyUnit(tuple(requests), unit)
+
+    def can_serve_greedy(self) -> bool:
+        """Can serve_greedy run here: a decoder that takes sequences between steps, and refilling on."""
+        if not self.refill_decode:
+            return False
+        decoder = self.backend.decoder(1)
+        try:
+            return decoder.refills
+        finally:
+            decoder.close()
+
+    def serve_greedy(self, pull: Callable[[], GreedyUnit | None],
+                     on_done: Callable[[Hashable, list[GreedyResult]], None], longest: int) -> None:
+        """The completions of the units `pull` hands out (None: no more), in one refilling decoder session of at most
+        max_decode_batch live sequences (fastscore.decode.queue_decode): on_done(key, results in its requests' order)
+        as each unit's last completion ends. `longest`: the most tokens any unit's sequence holds (GreedyUnit.longest).
+        On an exact type whose steps give a prefill's bits, several sessions may pull from one queue: each completion
+        is then the one greedy() gives."""
+        requests: dict[Hashable, tuple[GreedyRequest, ...]] = {}
+
+        def next_unit() -> DecodeUnit | None:
+            got = pull()
+            if got is None:
+                return None
+            requests[got.unit.key] = got.requests
+            return got.unit
+
+        def done(key: Hashable, decoded: list[Decoded]) -> None:
+            on_done(key, [self._greedy_result(r, d) for r, d in zip(requests.pop(key), decoded, strict=True)])
+
+        with self._finite_weights():
+            queue_decode(self.backend.decoder(longest), next_unit, done, token_bytes=self.tokenizer.token_bytes,
+                         stop_ids=self.tokenizer.stop_ids, width=self.max_decode_batch, longest=longest)
+
+    def _greedy_prepared(self, requests: Sequence[GreedyRequest], max_new_tokens: int,
+                         temperature: float | Sequence[float], rngs) -> tuple[list[float], list, list[int]]:
+        """(temperatures, context token ids, budgets) of greedy requests, checked."""
+        if max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be >= 1, not {max_new_tokens}")
+        temperatures = per_context_temperatures(temperature, rngs, len(requests))
+        contexts, budgets = [], []
+        for request in requests:
+            budget = max_new_tokens if request.max_new_tokens is None else min(request.max_new_tokens, max_new_tokens)
+            if budget < 1:
+                raise RequestError(f"max_new_tokens must be >= 1, not {budget}", request_id=request.id)
+            ids = (self.prompt_ids(request.prompt, request.id) if request.prompt is not None
+                   else self.context_ids(request.messages, request.id, request.tools))
+            if len(ids) + budget > self.backend.n_ctx:
+                raise ContextTooLongError(
+                    f"the context is {len(ids)} tokens; with {budget} new tokens that is longer than "
+                    f"{self.context_limit()}",
+                    request_id=request.id,
+                )
+            self.backend.check_tokens(request.start_ids, "start_ids", request_id=request.id)
+            contexts.append(ids)
+            budgets.append(budget)
+        return temperatures, contexts, budgets
+
+    def _greedy_result(self, request: GreedyRequest, d: Decoded) -> GreedyResult:
+        return GreedyResult(id=request.id, text=self.tokenizer.decode(d.token_ids), token_ids=d.token_ids,
+                            stopped_by=d.stopped_by, banned_mass=d.banned_mass, banned_steps=d.banned_steps)
 
     def _decode_batches(self, budgets: Sequence[int]):
         """(request indices, decoder, width) of each decoder call. A decoder that refills takes every request in one

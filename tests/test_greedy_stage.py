@@ -181,15 +181,3 @@ def test_a_resumed_chunk_decodes_only_its_unfinished_items(mbpp, smollm_tokenize
     print("contexts decoded: whole run", whole.backend.started, "resumed", again.backend.started)
     assert 0 < again.backend.started < whole.backend.started
     assert resumed == rows
-
-
-def test_items_per_call_share_a_small_studys_samples_out_over_the_lanes_and_keep_large_calls_otherwise():
-    from fastscore.study.stages.decode import ITEMS_PER_GREEDY_CALL, items_per_call
-
-    assert ITEMS_PER_GREEDY_CALL == 8
-    for n in (1, 5, 10, 974):
-        assert items_per_call(n, 1, sampled=True) == 8  # one lane: nothing to share out
-        assert items_per_call(n, 2, sampled=False) == 8  # greedy calls only: short enough as they are
-    # samples on two lanes: calls of at most a third of the environment's items, rounded up
-    assert [items_per_call(n, 2, sampled=True) for n in (1, 2, 3, 4, 5, 10, 24, 25, 974)] == [1, 1, 1, 2, 2, 4, 8, 8, 8]
-    assert [items_per_call(n, 4, sampled=True) for n in (5, 10, 40, 41)] == [1, 2, 8, 8]

@@ -204,7 +204,7 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
     and budgets (the sequences it ran: not the ban twins that never left the context they followed); `env_of`:
     item id -> environment (a study call holds one environment's items)."""
     import fastscore.scorer as scorer_module
-    from fastscore.decode import greedy_followers
+    from fastscore.decode_units import greedy_followers
     from fastscore.study.stages import decode as stage
 
     lock, decode = threading.Lock(), scorer_module.greedy_decode

@@ -18,6 +18,7 @@ stops once its text rules out both repeats (sample_done).
 from __future__ import annotations
 
 import contextlib
+import logging
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -32,13 +33,16 @@ from fastscore.study.data.conditions import (
     CONDITIONS, RECORD_CONDITIONS, REFERENCE, ConditionContext, by_condition, distinct, render_conditions,
 )
 from fastscore.study.data.envs.base import StudyEnv
-from fastscore.study.stages.isolate import call_isolating, chunks
+from fastscore.study.stages.isolate import ITEM_LEVEL_ERRORS, call_isolating, chunks
+from fastscore.study.stages.decode_queue import served
 from fastscore.study.stages.lanes import as_lanes
 from fastscore.study.data.items import Item
 from fastscore.study.stages.onpolicy import KnownAttempts, own_attempt
 from fastscore.study.stages.rows import reproduces, score_rows
 from fastscore.study.stages import errored_at, store_results
 from fastscore.study.stages.store import StudyStore
+
+log = logging.getLogger(__name__)
 
 # Items per decoder call at most: each with up to 7 distinct contexts and, on-policy, 6 x retries samples (the
 # scorer keeps up to 32 sequences live)
@@ -56,7 +60,7 @@ class DecodePlan:
     retries: int  # sampled completions per on-policy item and SAMPLED_CONDITIONS condition (0: none)
     seed: int
     # A completion is the same bits whichever call decodes it (an exact, batch-invariant type on a backend whose
-    # steps give a prefill's bits, Backend.steps_match_prefill), so call sizes may follow the lanes (items_per_call).
+    # steps give a prefill's bits, Backend.steps_match_prefill), so the lanes may decode from one queue.
     exact: bool = False
 
 
@@ -80,17 +84,6 @@ def chain_completion(request_id: str, scored: dict[str, Any], tokenizer) -> Gree
     return None
 
 
-def items_per_call(n_items: int, n_lanes: int, sampled: bool) -> int:
-    """Items per decoder call for an environment of `n_items` scored items. Larger calls compute less (fewer narrow
-    tails as a call's queue drains, more prefill shared), but the stage's wall is at least its longest call. Calls
-    with samples (6 x retries per on-policy item, most of the stage's tokens) are the long ones: on several lanes
-    they hold at most n_items / (lanes + 1) items (rounded up), so a small study's work is shared out
-    (docs/performance.md, "Greedy and sampled requests in one call")."""
-    if n_lanes <= 1 or not sampled:
-        return ITEMS_PER_GREEDY_CALL
-    return max(1, min(ITEMS_PER_GREEDY_CALL, -(-n_items // (n_lanes + 1))))
-
-
 def retry_rng(seed: int, request_id: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(request_id.encode())])
 
@@ -100,11 +93,13 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
                  after_item: Callable[[str, str], None] | None = None, known: KnownAttempts | None = None) -> None:
     """Complete every condition and append each item's ScoreRows to scores.jsonl.
 
-    Decoder calls hold fixed chunks of each environment's scored items (items_per_call): per chunk one call of its
-    greedy requests and, for on-policy items, its sampled ones (DecoderCall), each request with its item's own token
-    budget (greedy_budget). An on-policy item's `before` completion is the model's own attempt it was built from (see
-    own_attempt), not decoded again. `scorer`: a Scorer, or Lanes that run several calls side by side, longest first;
-    the completions are judged and stored in chunk order, in this thread, so the rows are those of one lane. `known`:
+    Decoder calls hold fixed chunks of each environment's scored items (ITEMS_PER_GREEDY_CALL): per chunk one call of
+    its greedy requests and, for on-policy items, its sampled ones (DecoderCall), each request with its item's own
+    token budget (greedy_budget). An on-policy item's `before` completion is the model's own attempt it was built
+    from (see own_attempt), not decoded again. `scorer`: a Scorer, or Lanes. Where a completion is the same bits in
+    any call (plan.exact) every lane serves the calls' items from one queue (decode_queue.served); elsewhere each
+    call runs whole on a lane, longest first. Either way the completions are judged and stored in chunk order, in
+    this thread, so the rows are those of one lane. `known`:
     where given, each seeded item's `before` completion is remembered there for the model's own attempts at the same
     source.
     """
@@ -116,20 +111,23 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
     failed_here = errored_at(errors, "greedy")
     scored = [item for item in items if item.item_id in lp]
     lanes = as_lanes(scorer)
-    # Elsewhere a completion's last bits may depend on its call: calls then do not depend on the lanes either.
-    n_lanes = len(lanes.scorers) if plan.exact else 1
+    # Where a completion is the same bits in any call, every lane decodes from one queue (stages/decode_queue.py);
+    # elsewhere its last bits may depend on its call, so each call is decoded as planned, on whichever lane.
+    queued = plan.exact and lanes.first.can_serve_greedy()
     chunk_plans = []
     for env in envs:
         mine = [item for item in scored if item.env == env]
-        sampled = plan.retries > 0 and any(own_attempt(item) is not None for item in mine)
-        for chunk in chunks(mine, items_per_call(len(mine), n_lanes, sampled)):
+        for chunk in chunks(mine, ITEMS_PER_GREEDY_CALL):
             if all(item.item_id in done for item in chunk):
                 continue
             # A resumed chunk decodes only what is not stored yet.
             members = [item for item in chunk if item.item_id not in failed_here and item.item_id not in done]
             chunk_plans.append(_plan_chunk(members, lp, lanes.first.tokenizer, envs[env], new_tokens(env), plan))
     calls = [chunk_plan.call for chunk_plan in chunk_plans if chunk_plan.call is not None]
-    finished = lanes.ordered(calls, lambda call, lane: call.run(lane), cost=lambda call: call.cost)
+    if queued:
+        finished = served(lanes, calls)
+    else:
+        finished = lanes.ordered(calls, lambda call, lane: call.run(lane), cost=lambda call: call.cost)
     # closing: an error while judging or storing (a sandbox run, the disk) also stops the lanes' calls
     with contextlib.closing(finished), tqdm(total=len(scored), initial=sum(item.item_id in done for item in scored),
                                             desc="greedy decoding", unit="item", disable=not progress) as bar:
@@ -160,6 +158,7 @@ class DecoderCall:
     Greedy and sampled requests of one context share a call so that the decoder computes the context once: a sample
     joins as a copy of a stream that holds it. Sampled ones draw from their own generators, so on an exact type, on a
     backend whose steps give a prefill's bits, each completion is the one a call of its own would give."""
+    env: str
     greedy: dict[str, list[GreedyRequest]]
     sampled: dict[str, list[GreedyRequest]]
     cap: int
@@ -179,14 +178,28 @@ class DecoderCall:
 
     def run(self, scorer) -> tuple[dict[str, list[GreedyResult]], dict[str, Exception]]:
         """Results per item in its requests' order (greedy, then sampled), and the items that failed."""
-        sampled_ids = self.sampled_ids()
+        return call_isolating(lambda reqs: scorer.greedy(reqs, **self._decoding(reqs)), self.requests,
+                              lambda r: r.id)
 
-        def decode(reqs: list[GreedyRequest]) -> list[GreedyResult]:
-            sampled = [r.id in sampled_ids for r in reqs]
-            return scorer.greedy(reqs, max_new_tokens=self.cap,
-                                 temperature=[RETRY_TEMPERATURE if s else 0.0 for s in sampled],
-                                 rngs=[retry_rng(self.seed, r.id) if s else None for r, s in zip(reqs, sampled)])
-        return call_isolating(decode, self.requests, lambda r: r.id)
+    def units(self, scorer, tag, failed: dict[str, Exception]) -> dict[str, Any]:
+        """Each item's requests as a unit for Scorer.serve_greedy, keyed (tag, item id); an item the scorer rejects
+        goes to `failed` instead, as `run` would leave it out."""
+        out = {}
+        for item_id, reqs in self.requests.items():
+            try:
+                out[item_id] = scorer.greedy_unit((tag, item_id), reqs, **self._decoding(reqs))
+            except ITEM_LEVEL_ERRORS as exc:
+                log.warning("item %s: %s", item_id, exc)
+                failed[item_id] = exc
+        return out
+
+    def _decoding(self, reqs: list[GreedyRequest]) -> dict[str, Any]:
+        """The budget cap, temperatures and generators of `reqs`: 0 for greedy ones, RETRY_TEMPERATURE with a fresh
+        generator (retry_rng) for sampled ones."""
+        sampled_ids = self.sampled_ids()
+        sampled = [r.id in sampled_ids for r in reqs]
+        return {"max_new_tokens": self.cap, "temperature": [RETRY_TEMPERATURE if s else 0.0 for s in sampled],
+                "rngs": [retry_rng(self.seed, r.id) if s else None for r, s in zip(reqs, sampled)]}
 
 
 @dataclass
@@ -245,7 +258,7 @@ def _plan_chunk(members: list[Item], lp, tokenizer, env: StudyEnv, cap: int, pla
     # decoder's batches instead of each budget rebuilding the decoder for a few contexts.
     greedy = {i: reqs for i, reqs in to_decode.items() if reqs}
     sampled = _sample_requests(members, contexts, budgets, env, plan, tokenizer) if plan.retries else {}
-    call = DecoderCall(greedy, sampled, cap, plan.seed) if greedy or sampled else None
+    call = DecoderCall(env.name, greedy, sampled, cap, plan.seed) if greedy or sampled else None
     return ChunkPlan(env, members, stands_for, results, decoded, attempts, call, plan.retries)
 
 

@@ -55,6 +55,23 @@ class Lanes:
     def computed_tokens(self) -> int:
         return sum(scorer.backend.stats.computed_tokens for scorer in self.scorers)
 
+    @contextlib.contextmanager
+    def side_by_side(self, work: Callable[[object], None]) -> Iterator[list[Future]]:
+        """work(scorer) on every lane at once, each in a thread of its own, for the block's duration; the futures
+        report each lane's end. Leaving the block by an error, or before every lane has ended, stops the lanes
+        (their llama.cpp calls aborted)."""
+
+        def run(scorer) -> None:
+            mark_lane_thread()
+            work(scorer)
+
+        futures: dict[int, Future] = {}
+        with ThreadPoolExecutor(max_workers=len(self.scorers), thread_name_prefix="lane") as pool, \
+                _stop_workers_on_exit(pool, futures):
+            for n, scorer in enumerate(self.scorers):
+                futures[n] = pool.submit(run, scorer)
+            yield list(futures.values())
+
     def ordered(self, jobs: Iterable[Job], compute: Callable[[Job, object], Result],
                 cost: Callable[[Job], float] | None = None) -> Iterator[tuple[Job, Result]]:
         """(job, compute(job, scorer)) for every job, in the jobs' order. With several lanes and jobs, each job runs
