@@ -6,7 +6,10 @@ one's slot goes at once to the next waiting context (`Decoder.join_step`), so th
 contexts run out instead of each batch stepping on for its longest member alone. There, a greedy context that repeats
 an earlier one under another ban (the study's `ban` condition repeats `after`) runs no sequence of its own while the
 two write the same tokens: it reads the earlier one's logits and joins only where its ban makes it choose another
-token (most never do), its stream a copy of the one it followed.
+token (most never do), its stream a copy of the one it followed. A session may also take its contexts from a queue
+(`queue_decode`): units of contexts (DecodeUnit, e.g. one item's requests) pulled whenever no context waits for a
+free slot, each unit's completions handed back as its last one ends, so one session's steps stay full from its first
+unit to its last.
 
 Banned strings are banned as TEXT, whatever tokens spell them. A completion is complete when the end-of-turn
 token is emitted or the token limit is hit, so at each step the ban blocks exactly the tokens that would complete a

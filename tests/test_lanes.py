@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from fastscore.backends.llamacpp_abort import abort_workers, mark_lane_thread
+from fastscore.scorer import Scorer
 from fastscore.study.opening import lane_plan
 from fastscore.study.runner import StudyConfig, run_study
 from fastscore.study.stages.lanes import Lanes, as_lanes
@@ -182,19 +183,29 @@ def test_abort_workers_stops_a_long_decode_in_a_lane_thread(smollm_artefact):
         backend.close()
 
 
-def test_a_study_on_two_lanes_stores_the_rows_of_one_lane(tmp_path, study_data):
-    """The model's own failures (a call of greedy and sampled requests per chunk; on 2 lanes, chunks of 1 item) on 2
-    lanes of 1 thread and on 1 lane of 2."""
+def test_a_study_on_two_lanes_stores_the_rows_of_one_lane(tmp_path, study_data, monkeypatch):
+    """The model's own failures (a call of greedy and sampled requests per chunk) on 1 lane of 2 threads, its calls
+    decoded one by one, and on 2 lanes of 1 thread serving the calls' items from one queue (decode_queue.served)."""
+    from fastscore.study.stages import decode_queue
+
     base = StudyConfig(envs=("tools",), limit=2, seed=43, failures="model", data_dir=study_data, n_boot=50,
                        retries=2, threads=2)
+    queued = []
+    served = decode_queue.served
+    monkeypatch.setattr("fastscore.study.stages.decode.served",
+                        lambda lanes, calls: queued.append(len(lanes.scorers)) or served(lanes, calls))
     runs = {}
     for lanes in (1, 2):
         out = tmp_path / f"lanes-{lanes}"
-        outcome = run_study(replace(base, lanes=lanes, out_dir=out))
+        with monkeypatch.context() as patch:
+            if lanes == 1:  # the calls' own path: each call decoded whole (Scorer.greedy)
+                patch.setattr(Scorer, "can_serve_greedy", lambda self: False)
+            outcome = run_study(replace(base, lanes=lanes, out_dir=out))
         assert outcome.n_items == {"tools": 2}
         runs[lanes] = out
     for name in ("items.jsonl", "logprobs.jsonl", "scores.jsonl", "skipped.jsonl"):
         one, two = (Path(runs[n] / name).read_text() for n in (1, 2))
         assert one == two, name
     rows = [json.loads(line) for line in (runs[2] / "scores.jsonl").read_text().splitlines()]
-    assert any(row.get("sampled_k") for row in rows)  # the sampled calls ran (as jobs of their own)
+    assert any(row.get("sampled_k") for row in rows)  # the sampled requests ran
+    assert 2 in queued and 1 not in queued  # both paths ran: the queue on 2 lanes, the calls on 1

@@ -67,11 +67,45 @@ def _recorded(calls: list[dict], env_of: dict[str, str]):
     return run, recording
 
 
+def _served(calls: list[dict], env_of: dict[str, str]):
+    """decode_queue.served (as the greedy stage calls it) wrapped to append each call's figures to `calls` as its
+    results come back; its items were decoded from one queue, so a call has no seconds of its own (0)."""
+    from fastscore.study.stages import decode
+
+    served = decode.served
+
+    def recording(lanes, jobs):
+        for call, (ok, failed) in served(lanes, jobs):
+            kind = call_kind(sum(map(len, call.greedy.values())), sum(map(len, call.sampled.values())))
+            calls.append({"env": env_of[next(iter(call.requests))], "kind": kind, "seconds": 0.0,
+                          "tokens": [len(r.token_ids) for results in ok.values() for r in results]})
+            yield call, (ok, failed)
+
+    return served, recording
+
+
+def _timed_sessions(sessions: list[float]):
+    """Scorer.serve_greedy wrapped to append each session's seconds (one per lane) to `sessions`."""
+    from fastscore.scorer import Scorer
+
+    serve = Scorer.serve_greedy
+
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return serve(self, *args, **kwargs)
+        finally:
+            sessions.append(time.perf_counter() - start)
+
+    return serve, timed
+
+
 @click.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("scratch", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--threads", type=int, default=2, show_default=True)
 def main(run_dir: Path, scratch: Path, threads: int) -> None:
+    from fastscore.scorer import Scorer
     from fastscore.study.data.envs import env_class
     from fastscore.study.runner import StudyConfig, run_study
     from fastscore.study.stages import decode
@@ -95,18 +129,24 @@ def main(run_dir: Path, scratch: Path, threads: int) -> None:
         max_new_tokens=None if own_caps else max(caps.values()),
     )  # fmt: skip
     calls: list[dict] = []
+    sessions: list[float] = []
     run, recording = _recorded(calls, item_envs(run_dir))
-    decode.DecoderCall.run = recording
+    served, serving = _served(calls, item_envs(run_dir))
+    serve, timed_serve = _timed_sessions(sessions)
+    decode.DecoderCall.run, decode.served, Scorer.serve_greedy = recording, serving, timed_serve
     start = time.perf_counter()
     try:
         run_study(config, progress=True)
     finally:
-        decode.DecoderCall.run = run
+        decode.DecoderCall.run, decode.served, Scorer.serve_greedy = run, served, serve
     wall = time.perf_counter() - start
     same = (scratch / "scores.jsonl").read_bytes() == (run_dir / "scores.jsonl").read_bytes()
     click.echo("| decoder calls | calls | requests | tokens generated | lane-seconds |\n|---|---|---|---|---|")
     for key, row in tally(calls).items():
         click.echo(f"| {key} | {row['calls']} | {row['requests']} | {row['tokens']:,} | {row['lane_seconds']:.1f} |")
+    if sessions:  # the calls' items were served from one queue: lane-seconds per session, not per call
+        click.echo(f"served from one queue: lane sessions {', '.join(f'{x:.1f}' for x in sessions)} s "
+                   f"({sum(sessions):.1f} lane-seconds)")
     click.echo(f"wall {wall:.1f} s (model load included); scores.jsonl {'byte-identical to' if same else 'DIFFERS from'} "
                f"{run_dir / 'scores.jsonl'}")
 

@@ -1,4 +1,4 @@
-"""The greedy stage's decoder calls served from one queue: every lane decodes in one session per environment,
+"""The greedy stage's decoder calls served from one queue: every lane decodes in one session for the whole stage,
 pulling the next item's requests as its slots free up (Scorer.serve_greedy).
 
 Calls decoded one by one each end in steps of a few rows as their queue drains, and the lanes wait on the longest
@@ -10,7 +10,6 @@ call (DecodePlan.exact); the results are handed back per call, in the calls' ord
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -18,7 +17,6 @@ from collections.abc import Iterator, Sequence
 from fastscore.records import GreedyResult
 from fastscore.study.stages.lanes import Lanes
 
-log = logging.getLogger(__name__)
 
 # Calls whose items are queued costliest first; a call's results wait for every item queued before its last.
 CALLS_PER_WINDOW = 4
@@ -29,9 +27,10 @@ POLL_SECONDS = 0.5
 def served(lanes: Lanes, calls: Sequence) -> Iterator[tuple[object, tuple[dict[str, list[GreedyResult]],
                                                                           dict[str, Exception]]]]:
     """(call, (results per item, errors per item)) for every DecoderCall, in order, as DecoderCall.run gives them;
-    their items' requests decoded by every lane from one queue per environment (calls hold one environment each),
-    in the calls' order. An item whose requests the scorer rejects (an item-level error) fails alone, before any
-    decoding. Close the iterator (contextlib.closing) so that an error in the caller stops the lanes too."""
+    their items' requests decoded by every lane from one queue (each lane's streams sized for the stage's longest
+    sequence), window by window of calls. An item whose requests the scorer rejects (an item-level error) fails
+    alone, before any decoding. Close the iterator (contextlib.closing) so that an error in the caller stops the
+    lanes too."""
     tokenizing = lanes.first
     failed: list[dict[str, Exception]] = [{} for _ in calls]
     units = []
