@@ -134,9 +134,9 @@ def queue_decode(decoder: Decoder, pull: Callable[[], DecodeUnit | None],
                  stop_ids: Iterable[int], width: int, longest: int) -> None:
     """The completions of units taken one after another from `pull` (None: no more), in one session of a refilling
     decoder: at most `width` sequences live, and a finished one's slot goes at once to the next waiting context,
-    pulling the next unit when none waits. So the session's steps stay full from its first unit to its last, where
-    separate calls would each end in steps of a few rows. Within a unit as greedy_decode (followers, start tokens,
-    bans, samples). `on_done(key, completions)` as the last completion of a unit ends, in the calling thread.
+    pulling the next unit when none waits (at most one a step while sequences go on). So the session's steps stay
+    full from its first unit to its last, where separate calls would each end in steps of a few rows. Within a
+    unit as greedy_decode (followers, start tokens, bans, samples). `on_done(key, completions)` as the last completion of a unit ends, in the calling thread.
     `longest`: the most tokens any unit's sequence will hold (DecodeUnit.longest), which sizes the decoder's slots.
 
     A completion's tokens depend on which others share its steps only where the backend's results depend on the
@@ -157,13 +157,12 @@ def queue_decode(decoder: Decoder, pull: Callable[[], DecodeUnit | None],
     with decoder:
         slots = decoder.reserve_slots(width, longest)
         own: list[int] = []
-        while len(own) < slots:
+        while not own:  # the first unit that decodes anything; the rest join a unit a step (_Session.run)
             got = more()
             if got is None:
-                break
+                return
             own += got
-        if own:
-            session.run(decoder, own, slots, more=more if len(own) >= slots else None)
+        session.run(decoder, own, slots, more=more)
 
 
 class _Session:
@@ -319,12 +318,16 @@ class _Session:
                     del self.following[follower]
                     if goes_on:
                         parted.append(follower)
-            joining = []
+            joining, pulled = [], False
             while len(still_active) + len(joining) < slots:
                 if parted or waiting:
                     joining.append(parted.popleft() if parted else waiting.popleft())
                     continue
-                added = more() if more is not None else None
+                # One unit a step while sequences go on: sessions pulling from one queue then take its units in
+                # turn instead of the first one filling all its slots from it.
+                if more is None or (pulled and (still_active or joining)):
+                    break
+                added, pulled = more(), True
                 if added is None:
                     more = None
                     break

@@ -262,12 +262,13 @@ class Scorer(RequestTokenizer):
             decoder.close()
 
     def serve_greedy(self, pull: Callable[[], GreedyUnit | None],
-                     on_done: Callable[[Hashable, list[GreedyResult]], None], longest: int) -> None:
+                     on_done: Callable[[Hashable, list[GreedyResult]], None], longest: int,
+                     width: int | None = None) -> None:
         """The completions of the units `pull` hands out (None: no more), in one refilling decoder session of at most
-        max_decode_batch live sequences (fastscore.decode.queue_decode): on_done(key, results in its requests' order)
-        as each unit's last completion ends. `longest`: the most tokens any unit's sequence holds (GreedyUnit.longest).
-        On an exact type whose steps give a prefill's bits, several sessions may pull from one queue: each completion
-        is then the one greedy() gives."""
+        max_decode_batch live sequences, or `width` if fewer (fastscore.decode.queue_decode): on_done(key, results in
+        its requests' order) as each unit's last completion ends. `longest`: the most tokens any unit's sequence
+        holds (GreedyUnit.longest). On an exact type whose steps give a prefill's bits, several sessions may pull
+        from one queue: each completion is then the one greedy() gives."""
         requests: dict[Hashable, tuple[GreedyRequest, ...]] = {}
 
         def next_unit() -> DecodeUnit | None:
@@ -282,7 +283,8 @@ class Scorer(RequestTokenizer):
 
         with self._finite_weights():
             queue_decode(self.backend.decoder(longest), next_unit, done, token_bytes=self.tokenizer.token_bytes,
-                         stop_ids=self.tokenizer.stop_ids, width=self.max_decode_batch, longest=longest)
+                         stop_ids=self.tokenizer.stop_ids, width=min(self.max_decode_batch, width or longest),
+                         longest=longest)
 
     def _greedy_prepared(self, requests: Sequence[GreedyRequest], max_new_tokens: int,
                          temperature: float | Sequence[float], rngs) -> tuple[list[float], list, list[int]]:

@@ -30,6 +30,10 @@ class FakeUnit:
     def longest(self) -> int:
         return 10 + max(self.budgets)
 
+    @property
+    def contexts(self) -> tuple[GreedyRequest, ...]:
+        return self.requests
+
 
 class FakeLane:
     """Makes units of requests (rejecting those named in `reject`) and serves them: each completion's text is its
@@ -39,14 +43,16 @@ class FakeLane:
         self.name, self.reject, self.fail_after = name, set(reject), fail_after
         self.pulled: list[tuple] = []
         self.longest: list[int] = []
+        self.widths: list[int] = []
 
     def greedy_unit(self, key, requests, max_new_tokens=128, ban_prefix=False, *, temperature=0.0, rngs=None):
         if key[1] in self.reject:
             raise ContextTooLongError("too long", request_id=requests[0].id)
         return FakeUnit(key, tuple(r.max_new_tokens for r in requests), tuple(requests))
 
-    def serve_greedy(self, pull, on_done, longest):
+    def serve_greedy(self, pull, on_done, longest, width=None):
         self.longest.append(longest)
+        self.widths.append(width)
         while (unit := pull()) is not None:
             self.pulled.append(unit.key)
             if self.fail_after is not None and len(self.pulled) > self.fail_after:
@@ -86,6 +92,7 @@ def test_results_come_back_in_the_calls_order_costliest_items_pulled_first_and_a
     for lane in lanes:
         assert [budgets[key] for key in lane.pulled] == sorted((budgets[key] for key in lane.pulled), reverse=True)
     assert set(lanes[0].longest + lanes[1].longest) == {10 + 30}  # sized for the stage's longest unit
+    assert lanes[0].widths == lanes[1].widths == [5]  # at most its share of the stage's 10 contexts
 
 
 def test_a_lanes_error_reaches_the_stage():

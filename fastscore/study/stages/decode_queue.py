@@ -41,6 +41,9 @@ def served(lanes: Lanes, calls: Sequence) -> Iterator[tuple[object, tuple[dict[s
         # lanes finish together; only within a window of calls, so that results are stored as the stage goes.
         units += sorted(window, key=lambda unit: -sum(unit.unit.budgets))
     longest = max((unit.longest for unit in units), default=1)
+    # A session pulls units until its slots are full: on a small stage one lane would take every unit while the
+    # others idle, so no lane gets more slots than its share of the stage's contexts.
+    share = -(-sum(len(unit.unit.contexts) for unit in units) // len(lanes.scorers))
     queue = deque(units)
     wanted = [{item_id for item_id in call.requests if item_id not in failed[n]} for n, call in enumerate(calls)]
     results: list[dict[str, list[GreedyResult]]] = [{} for _ in calls]
@@ -58,7 +61,7 @@ def served(lanes: Lanes, calls: Sequence) -> Iterator[tuple[object, tuple[dict[s
 
     def work(scorer) -> None:
         if queue:
-            scorer.serve_greedy(pull, done, longest)
+            scorer.serve_greedy(pull, done, longest, width=max(share, 1))
 
     with lanes.side_by_side(work) as ends:
         for n, call in enumerate(calls):
