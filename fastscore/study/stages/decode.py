@@ -111,9 +111,6 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
     failed_here = errored_at(errors, "greedy")
     scored = [item for item in items if item.item_id in lp]
     lanes = as_lanes(scorer)
-    # Where a completion is the same bits in any call, every lane decodes from one queue (stages/decode_queue.py);
-    # elsewhere its last bits may depend on its call, so each call is decoded as planned, on whichever lane.
-    queued = plan.exact and lanes.first.can_serve_greedy()
     chunk_plans = []
     for env in envs:
         mine = [item for item in scored if item.env == env]
@@ -124,7 +121,10 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
             members = [item for item in chunk if item.item_id not in failed_here and item.item_id not in done]
             chunk_plans.append(_plan_chunk(members, lp, lanes.first.tokenizer, envs[env], new_tokens(env), plan))
     calls = [chunk_plan.call for chunk_plan in chunk_plans if chunk_plan.call is not None]
-    if queued:
+    # Where a completion is the same bits in any call, every lane decodes from one queue (stages/decode_queue.py);
+    # elsewhere its last bits may depend on its call, so each call is decoded as planned, on whichever lane. A lone
+    # item is one call, which runs on every lane's threads (Lanes.ordered), where a queue would leave a lane idle.
+    if plan.exact and sum(len(call.requests) for call in calls) > 1 and lanes.first.can_serve_greedy():
         finished = served(lanes, calls)
     else:
         finished = lanes.ordered(calls, lambda call, lane: call.run(lane), cost=lambda call: call.cost)
