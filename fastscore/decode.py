@@ -49,6 +49,7 @@ END_OF_TURN = "end_of_turn"
 MAX_TOKENS = "max_tokens"
 ACTION_DONE = "action_done"  # the action_done rule held and the next token was not a stop token
 
+
 @dataclass(frozen=True)
 class Decoded:
     """One greedy completion: its token ids (stop token excluded) and how the ban acted on it."""
@@ -136,8 +137,9 @@ def queue_decode(decoder: Decoder, pull: Callable[[], DecodeUnit | None],
     decoder: at most `width` sequences live, and a finished one's slot goes at once to the next waiting context,
     pulling the next unit when none waits (at most one a step while sequences go on). So the session's steps stay
     full from its first unit to its last, where separate calls would each end in steps of a few rows. Within a
-    unit as greedy_decode (followers, start tokens, bans, samples). `on_done(key, completions)` as the last completion of a unit ends, in the calling thread.
-    `longest`: the most tokens any unit's sequence will hold (DecodeUnit.longest), which sizes the decoder's slots.
+    unit as greedy_decode (followers, start tokens, bans, samples). `on_done(key, completions)` as the last
+    completion of a unit ends, in the calling thread (at once for a unit of no contexts). `longest`: the most tokens
+    any unit's sequence will hold (DecodeUnit.longest), which sizes the decoder's slots.
 
     A completion's tokens depend on which others share its steps only where the backend's results depend on the
     batch: callers pull units from one queue in several sessions only on an exact type whose steps give a
@@ -174,7 +176,7 @@ class _Session:
         self.token_bytes = token_bytes
         self.stop_set = set(int(i) for i in stop_ids)
         self.on_done = on_done
-        self.units: list[tuple[DecodeUnit, int]] = []  # (unit, index of its first context)
+        self.units: list[tuple[Hashable, int, int]] = []  # (key, index of its first context, contexts)
         self.left: list[int] = []  # per unit: completions not ended yet
         self.unit_of: list[int] = []
         self.contexts: list[Sequence[int] | None] = []
@@ -199,7 +201,7 @@ class _Session:
         """Takes in a unit's contexts; returns those that start as sequences of their own (not following another,
         not already ended by their start tokens). `follow`: greedy contexts may follow an identical earlier one."""
         base, n = len(self.contexts), len(unit.contexts)
-        self.units.append((unit, base))
+        self.units.append((unit.key, base, n))
         self.left.append(n)
         self.unit_of += [len(self.units) - 1] * n
         self.contexts += list(unit.contexts)
@@ -229,20 +231,29 @@ class _Session:
                 if base + f not in ended and base + leader not in ended:
                     self.following[base + f] = base + leader
                     self.followed_by[base + leader].append(base + f)
+        if n == 0:
+            self._finish(len(self.units) - 1)
         return [i for i in range(base, base + n) if i not in self.following and i not in ended]
 
     def results(self, unit: int) -> list[Decoded]:
-        first, n = self.units[unit][1], len(self.units[unit][0].contexts)
+        _key, first, n = self.units[unit]
         return [Decoded(tuple(self.generated[i]), self.stopped[i], self.mass[i], self.steps_banned[i])
                 for i in range(first, first + n)]
 
     def _ended(self, i: int) -> None:
         unit = self.unit_of[i]
         self.left[unit] -= 1
-        if self.left[unit] == 0 and self.on_done is not None:
-            self.on_done(self.units[unit][0].key, self.results(unit))
-            first, n = self.units[unit][1], len(self.units[unit][0].contexts)
-            self.contexts[first : first + n] = [None] * n  # a long session keeps no finished unit's tokens
+        if self.left[unit] == 0:
+            self._finish(unit)
+
+    def _finish(self, unit: int) -> None:
+        """A queue session hands a finished unit's completions back and keeps none of its tokens."""
+        if self.on_done is None:
+            return
+        key, first, n = self.units[unit]
+        self.on_done(key, self.results(unit))
+        for i in range(first, first + n):
+            self.contexts[i], self.generated[i], self.texts[i], self.rngs[i] = None, [], b"", None
 
     def advance(self, i: int, token: int) -> bool:
         """Completion i takes `token`; True while it goes on."""
@@ -293,7 +304,8 @@ class _Session:
         active = list(started)
         while active:
             # A leader's logits as the model gave them, for its followers (its own ban must not act on theirs).
-            shared = {i: np.array(logits[row], dtype=np.float32) for row, i in enumerate(active) if self.followed_by[i]}
+            shared = {i: np.array(logits[row], dtype=np.float32) for row, i in enumerate(active)
+                      if self.followed_by.get(i)}
             if any(self.keys[i] for i in active):  # blocked entries are overwritten: never the decoder's buffer
                 logits = np.array(logits, dtype=np.float32, copy=True)
                 for row, i in enumerate(active):

@@ -45,10 +45,6 @@ class GreedyUnit:
     unit: DecodeUnit
 
     @property
-    def key(self) -> Hashable:
-        return self.unit.key
-
-    @property
     def longest(self) -> int:
         return self.unit.longest
 
@@ -283,7 +279,7 @@ class Scorer(RequestTokenizer):
 
         with self._finite_weights():
             queue_decode(self.backend.decoder(longest), next_unit, done, token_bytes=self.tokenizer.token_bytes,
-                         stop_ids=self.tokenizer.stop_ids, width=min(self.max_decode_batch, width or longest),
+                         stop_ids=self.tokenizer.stop_ids, width=min(self.max_decode_batch, width or self.max_decode_batch),
                          longest=longest)
 
     def _greedy_prepared(self, requests: Sequence[GreedyRequest], max_new_tokens: int,

@@ -53,6 +53,8 @@ class FakeLane:
     def serve_greedy(self, pull, on_done, longest, width=None):
         self.longest.append(longest)
         self.widths.append(width)
+        if self.fail_after == -1:  # before taking any unit
+            raise RuntimeError(f"lane {self.name} broke")
         while (unit := pull()) is not None:
             self.pulled.append(unit.key)
             if self.fail_after is not None and len(self.pulled) > self.fail_after:
@@ -68,7 +70,7 @@ def _calls(budgets_per_call: list[list[int]]) -> list[DecoderCall]:
         greedy = {f"item{c}.{k}": [GreedyRequest(f"item{c}.{k}::{cond}", (Message("user", "hi"),),
                                                  max_new_tokens=budget) for cond in ("before", "after")]
                   for k, budget in enumerate(budgets)}
-        calls.append(DecoderCall("tools", greedy, {}, cap=64, seed=0))
+        calls.append(DecoderCall(greedy, {}, cap=64, seed=0))
     return calls
 
 
@@ -100,3 +102,26 @@ def test_a_lanes_error_reaches_the_stage():
     lanes = Lanes([FakeLane("a", fail_after=0), FakeLane("b", fail_after=0)])
     with pytest.raises(RuntimeError, match="broke"):
         list(decode_queue.served(lanes, calls))
+
+
+def test_a_lanes_error_reaches_the_stage_when_the_other_lane_decodes_everything():
+    """One lane fails before taking any unit; the other decodes them all: the stage still sees the error."""
+    calls = _calls([[4, 30], [8, 16]])
+    broken = FakeLane("a", fail_after=-1)
+    lanes = Lanes([FakeLane("b"), broken])
+    with pytest.raises(RuntimeError, match="lane a broke"):
+        list(decode_queue.served(lanes, calls))
+
+
+def test_more_calls_than_a_window_keep_the_calls_order_and_each_windows_costliest_first():
+    budgets = [[2, 40], [8, 16], [4, 6], [30, 2], [50, 1], [3, 3]]  # windows: calls 0-3, then 4-5
+    calls = _calls(budgets)
+    lane = FakeLane("a")
+    got = list(decode_queue.served(Lanes([lane]), calls))
+    assert [call for call, _ in got] == calls
+    cost = {(c, f"item{c}.{k}"): b for c, row in enumerate(budgets) for k, b in enumerate(row)}
+    first, second = lane.pulled[:8], lane.pulled[8:]
+    assert {key[0] for key in first} == {0, 1, 2, 3} and {key[0] for key in second} == {4, 5}
+    for window in (first, second):
+        assert [cost[key] for key in window] == sorted((cost[key] for key in window), reverse=True)
+

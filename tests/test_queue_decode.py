@@ -87,7 +87,8 @@ def test_units_served_from_a_queue_get_what_their_own_calls_give(tiny, items):
                   for k in got for a, b in zip(got[k], expected[k]) if a.banned_mass or b.banned_mass)
         print(f"width {width}: {differ} of {sum(map(len, got.values()))} completions differ; "
               f"banned mass relative gap {gap:.2e}")
-        assert differ == 0 and gap <= 1e-5
+        # Where steps give a prefill's bits (the study's condition for a queue) the masses are the same bits too.
+        assert differ == 0 and gap <= (0.0 if tiny.backend.steps_match_prefill else 1e-5)
 
 
 def test_a_session_pulls_units_as_its_slots_free_and_keeps_its_steps_full(tiny, items):

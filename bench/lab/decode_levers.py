@@ -247,9 +247,13 @@ def _recorded_calls(calls: list[dict], env_of: dict[str, str]):
                           "start_seconds": timed.start_seconds, "call_seconds": call_seconds})
         return out
 
+    can_serve = scorer_module.Scorer.can_serve_greedy
+
     def patch(on: bool) -> None:
         scorer_module.greedy_decode = recording if on else decode
         stage.DecoderCall.run = run_noting_env if on else run_call
+        # What is recorded is each call decoded whole: the stage's queue (decode_queue.served) is switched off.
+        scorer_module.Scorer.can_serve_greedy = (lambda self: False) if on else can_serve
 
     return patch
 

@@ -53,7 +53,7 @@ def measure(env_name: str, n_items: int, data: Path, threads: int | None, design
                 budgets = {i: decode.greedy_budget(env.max_new_tokens, lp[i][0]) for i in contexts}
                 requests = decode._sample_requests(items, contexts, budgets, env, decode.DecodePlan(True, k, 0),
                                                    scorer.tokenizer)
-                decode.DecoderCall(env.name, {}, requests, env.max_new_tokens, seed=0).run(scorer)
+                decode.DecoderCall({}, requests, env.max_new_tokens, seed=0).run(scorer)
             finally:
                 decode.SAMPLED_CONDITIONS, scorer.greedy = saved, greedy
             out[label] = counted

@@ -158,7 +158,6 @@ class DecoderCall:
     Greedy and sampled requests of one context share a call so that the decoder computes the context once: a sample
     joins as a copy of a stream that holds it. Sampled ones draw from their own generators, so on an exact type, on a
     backend whose steps give a prefill's bits, each completion is the one a call of its own would give."""
-    env: str
     greedy: dict[str, list[GreedyRequest]]
     sampled: dict[str, list[GreedyRequest]]
     cap: int
@@ -258,7 +257,7 @@ def _plan_chunk(members: list[Item], lp, tokenizer, env: StudyEnv, cap: int, pla
     # decoder's batches instead of each budget rebuilding the decoder for a few contexts.
     greedy = {i: reqs for i, reqs in to_decode.items() if reqs}
     sampled = _sample_requests(members, contexts, budgets, env, plan, tokenizer) if plan.retries else {}
-    call = DecoderCall(env.name, greedy, sampled, cap, plan.seed) if greedy or sampled else None
+    call = DecoderCall(greedy, sampled, cap, plan.seed) if greedy or sampled else None
     return ChunkPlan(env, members, stands_for, results, decoded, attempts, call, plan.retries)
 
 

@@ -45,6 +45,7 @@ def served(lanes: Lanes, calls: Sequence) -> Iterator[tuple[object, tuple[dict[s
     # others idle, so no lane gets more slots than its share of the stage's contexts.
     share = -(-sum(len(unit.unit.contexts) for unit in units) // len(lanes.scorers))
     queue = deque(units)
+    del units  # the queue holds each unit until a lane takes it
     wanted = [{item_id for item_id in call.requests if item_id not in failed[n]} for n, call in enumerate(calls)]
     results: list[dict[str, list[GreedyResult]]] = [{} for _ in calls]
     lock = threading.Condition()
@@ -74,4 +75,9 @@ def served(lanes: Lanes, calls: Sequence) -> Iterator[tuple[object, tuple[dict[s
                     if all(end.done() for end in ends) and len(results[n]) < len(wanted[n]):
                         raise RuntimeError(f"the lanes ended with call {n}'s items not decoded")  # a bug, not data
             ok = {item_id: results[n].pop(item_id) for item_id in call.requests if item_id in wanted[n]}
+            if n == len(calls) - 1:
+                # Every unit is decoded: the lanes are ending. Their errors reach the stage here, since a caller
+                # that has its last results closes the iterator instead of asking for more.
+                for end in ends:
+                    end.result()
             yield call, (ok, failed[n])
