@@ -208,9 +208,9 @@ def _seeded_source(config: StudyConfig, seeded: Mapping[str, SeededItems] | None
     return of
 
 
-def _build_items(config: StudyConfig, envs: Mapping[str, StudyEnv], lanes: Lanes, progress: bool,
-                 seeded: Mapping[str, SeededItems] | None = None, known: KnownAttempts | None = None,
-                 queue: bool = False) -> tuple[list[Item], list[Skipped]]:
+def _build_items(config: StudyConfig, envs: Mapping[str, StudyEnv], scorer, progress: bool,
+                 seeded: Mapping[str, SeededItems] | None = None, known: KnownAttempts | None = None
+                 ) -> tuple[list[Item], list[Skipped]]:
     source = _seeded_source(config, seeded)
     if config.failures == "seeded":
         if config.window is None:
@@ -225,8 +225,8 @@ def _build_items(config: StudyConfig, envs: Mapping[str, StudyEnv], lanes: Lanes
         return items_for_envs(envs, config.limit, config.seed, build=seeded_window)
 
     def own_failures(env: StudyEnv) -> tuple[list[Item], list[Skipped]]:
-        builder = ModelFailureBuilder(env, lanes, config.seed, config.new_tokens(env.name), seeded=source(env),
-                                      known=known, queue=queue)
+        builder = ModelFailureBuilder(env, scorer, config.seed, config.new_tokens(env.name), seeded=source(env),
+                                      known=known)
         if config.window is not None:
             return builder.build_window(*config.window, progress=progress)
         return builder.build(config.limit, progress)
@@ -310,7 +310,8 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
         with timer("build items", computed):
             stored = store.load_items() if resumed else None
             if stored is None:
-                items, skipped = _build_items(config, envs, lanes, progress, seeded, known, queue=plan.exact)
+                with lanes.solo() as scorer:
+                    items, skipped = _build_items(config, envs, scorer, progress, seeded, known)
                 store.save_items(items, skipped)
             else:
                 items, skipped = stored

@@ -18,10 +18,13 @@ stops once its text rules out both repeats (sample_done).
 from __future__ import annotations
 
 import contextlib
+import logging
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from fastscore.decode import ActionDone
@@ -30,8 +33,8 @@ from fastscore.study.data.conditions import (
     CONDITIONS, RECORD_CONDITIONS, REFERENCE, ConditionContext, by_condition, distinct, render_conditions,
 )
 from fastscore.study.data.envs.base import StudyEnv
-from fastscore.study.stages.isolate import chunks
-from fastscore.study.stages.decode_queue import DecoderCall, served
+from fastscore.study.stages.isolate import ITEM_LEVEL_ERRORS, call_isolating, chunks
+from fastscore.study.stages.decode_queue import served
 from fastscore.study.stages.lanes import as_lanes
 from fastscore.study.data.items import Item
 from fastscore.study.stages.onpolicy import KnownAttempts, own_attempt
@@ -39,10 +42,13 @@ from fastscore.study.stages.rows import reproduces, score_rows
 from fastscore.study.stages import errored_at, store_results
 from fastscore.study.stages.store import StudyStore
 
+log = logging.getLogger(__name__)
+
 # Items per decoder call at most: each with up to 7 distinct contexts and, on-policy, 6 x retries samples (the
 # scorer keeps up to 32 sequences live)
 ITEMS_PER_GREEDY_CALL = 8
 RETRY_CONDITION = "clean_retry"
+RETRY_TEMPERATURE = 1.0
 # Where on-policy items are sampled: every record (after, success, neutral, description, dont_repeat) and the clean
 # retry (before's messages). Not `ban`: its decoder refuses the failed action, so a repeat is 0 by construction.
 SAMPLED_CONDITIONS = (*RECORD_CONDITIONS, RETRY_CONDITION)
@@ -76,6 +82,10 @@ def chain_completion(request_id: str, scored: dict[str, Any], tokenizer) -> Gree
             body = tuple(ids[:-1])
             return GreedyResult(id=request_id, text=tokenizer.decode(body), token_ids=body, stopped_by="end_of_turn")
     return None
+
+
+def retry_rng(seed: int, request_id: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(request_id.encode())])
 
 
 def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items: Sequence[Item],
@@ -139,6 +149,56 @@ def greedy_stage(store: StudyStore, scorer, envs: Mapping[str, StudyEnv], items:
                     known.remember(i, env.context_messages(item), greedy[REFERENCE])
 
             store_results("greedy", chunk_plan.members, done, failed, err_log, stored, bar, after_item)
+
+
+@dataclass(frozen=True)
+class DecoderCall:
+    """A chunk's one Scorer.greedy call: per item, its greedy requests, then (on-policy items) its sampled ones.
+
+    Greedy and sampled requests of one context share a call so that the decoder computes the context once: a sample
+    joins as a copy of a stream that holds it. Sampled ones draw from their own generators, so on an exact type, on a
+    backend whose steps give a prefill's bits, each completion is the one a call of its own would give."""
+    greedy: dict[str, list[GreedyRequest]]
+    sampled: dict[str, list[GreedyRequest]]
+    cap: int
+    seed: int
+
+    @property
+    def requests(self) -> dict[str, list[GreedyRequest]]:
+        return {i: self.greedy.get(i, []) + self.sampled.get(i, []) for i in (*self.greedy, *self.sampled)}
+
+    @property
+    def cost(self) -> int:
+        """Tokens it may decode at most: which call a free lane takes first (longest first)."""
+        return sum(r.max_new_tokens or self.cap for reqs in self.requests.values() for r in reqs)
+
+    def sampled_ids(self) -> frozenset[str]:
+        return frozenset(r.id for reqs in self.sampled.values() for r in reqs)
+
+    def run(self, scorer) -> tuple[dict[str, list[GreedyResult]], dict[str, Exception]]:
+        """Results per item in its requests' order (greedy, then sampled), and the items that failed."""
+        return call_isolating(lambda reqs: scorer.greedy(reqs, **self._decoding(reqs)), self.requests,
+                              lambda r: r.id)
+
+    def units(self, scorer, tag, failed: dict[str, Exception]) -> dict[str, Any]:
+        """Each item's requests as a unit for Scorer.serve_greedy, keyed (tag, item id); an item the scorer rejects
+        goes to `failed` instead, as `run` would leave it out."""
+        out = {}
+        for item_id, reqs in self.requests.items():
+            try:
+                out[item_id] = scorer.greedy_unit((tag, item_id), reqs, **self._decoding(reqs))
+            except ITEM_LEVEL_ERRORS as exc:
+                log.warning("item %s: %s", item_id, exc)
+                failed[item_id] = exc
+        return out
+
+    def _decoding(self, reqs: list[GreedyRequest]) -> dict[str, Any]:
+        """The budget cap, temperatures and generators of `reqs`: 0 for greedy ones, RETRY_TEMPERATURE with a fresh
+        generator (retry_rng) for sampled ones."""
+        sampled_ids = self.sampled_ids()
+        sampled = [r.id in sampled_ids for r in reqs]
+        return {"max_new_tokens": self.cap, "temperature": [RETRY_TEMPERATURE if s else 0.0 for s in sampled],
+                "rngs": [retry_rng(self.seed, r.id) if s else None for r, s in zip(reqs, sampled)]}
 
 
 @dataclass

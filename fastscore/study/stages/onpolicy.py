@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -15,9 +14,7 @@ from fastscore.decode import END_OF_TURN, ActionDone
 from fastscore.records import EmittedContinuation, GreedyRequest, GreedyResult, Message
 from fastscore.study.data.conditions import condition_request_id
 from fastscore.study.data.envs.base import StudyEnv
-from fastscore.study.stages.decode_queue import DecoderCall, served
 from fastscore.study.stages.isolate import call_isolating, error_reason
-from fastscore.study.stages.lanes import as_lanes
 from fastscore.study.data.items import Item, Skipped
 
 log = logging.getLogger(__name__)
@@ -124,20 +121,14 @@ class ModelFailureBuilder:
     `seeded(limit)` gives the first `limit` seeded items and the sources passed over (default: the environment
     builds them; a sweep passes the list its driver built once). `known`: completions of the same contexts the run's
     seeded source made (KnownAttempts; only on an exact type), which attempts begin with instead of decoding again.
-
-    `scorer`: a Scorer, or Lanes. With `queue` (DecodePlan.exact: an attempt is the same bits in any call) every lane
-    serves a call's attempts from one queue (decode_queue.served); otherwise each call runs on the first lane with
-    every lane's threads, where two threads decode the attempts at about 1.4x one (docs/performance.md, "Threads and
-    cores").
     """
 
     def __init__(self, env: StudyEnv, scorer, seed: int, max_new_tokens: int,
                  seeded: Callable[[int | None], tuple[list[Item], list[Skipped]]] | None = None,
-                 known: KnownAttempts | None = None, queue: bool = False) -> None:
-        self.name, self.env, self.lanes = env.name, env, as_lanes(scorer)
-        self.tokenizer = self.lanes.first.tokenizer
+                 known: KnownAttempts | None = None) -> None:
+        self.name, self.env, self.scorer = env.name, env, scorer
         self.seed, self.max_new_tokens = seed, max_new_tokens
-        self.known, self.queue = known, queue
+        self.known = known
         self.seeded = seeded if seeded is not None else (lambda limit: env.build_items(limit, seed))
 
     def build(self, limit: int | None, progress: bool = False) -> tuple[list[Item], list[Skipped]]:
@@ -194,15 +185,17 @@ class ModelFailureBuilder:
         # action is decided: the program extracted and whether the turn ended right after it are what a decode to
         # the cap would give, without the explanation a small model writes on after its program.
         action_done = self.env.action_done()
-        token_bytes = self.tokenizer.token_bytes
-        stop_id = self.tokenizer.end_of_turn_id
+        token_bytes = self.scorer.tokenizer.token_bytes
+        stop_id = self.scorer.tokenizer.end_of_turn_id
 
         def request(item: Item) -> GreedyRequest:
             messages = self.env.context_messages(item)
             start = self.known.start_ids(item.item_id, messages, stop_id) if self.known is not None else ()
             return GreedyRequest(item.item_id, messages, action_done=action_done, start_ids=start)
 
-        results, failed = self._decoded({item.item_id: [request(item)] for item in seeded})
+        requests = {item.item_id: [request(item)] for item in seeded}
+        decode = lambda reqs: self.scorer.greedy(reqs, max_new_tokens=self.max_new_tokens)  # noqa: E731
+        results, failed = call_isolating(decode, requests, lambda r: r.id)
         for item in seeded:
             if item.item_id in failed:
                 skipped.append(Skipped(self.name, item.source_id, error_reason(failed[item.item_id])))
@@ -222,7 +215,7 @@ class ModelFailureBuilder:
             # The action is what the model emitted up to the harness's cut: judged, shown in every record and scored
             # (as these very ids) under every condition.
             ids, end_of_turn = emitted_action(attempt, action_done, token_bytes)
-            action = self.tokenizer.decode(ids)
+            action = self.scorer.tokenizer.decode(ids)
             outcome = self.env.evaluate(item.source_id, action)
             if outcome.ok:
                 skipped.append(Skipped(self.name, item.source_id, "the model's own attempt succeeded"))
@@ -235,15 +228,3 @@ class ModelFailureBuilder:
                 except ValueError as exc:
                     skipped.append(Skipped(self.name, item.source_id, f"no item from the model's attempt: {exc}"))
                     yield None
-
-    def _decoded(self, requests: dict[str, list[GreedyRequest]]
-                 ) -> tuple[dict[str, list[GreedyResult]], dict[str, Exception]]:
-        """One call's attempts: results per item and the items that failed (an item-level error fails alone)."""
-        lanes = self.lanes
-        if self.queue and len(lanes.scorers) > 1 and len(requests) > 1 and lanes.first.can_serve_greedy():
-            with contextlib.closing(served(lanes, [DecoderCall(requests, {}, self.max_new_tokens, self.seed)])) as got:
-                _, (results, failed) = next(got)
-            return results, failed
-        with lanes.solo() as scorer:
-            return call_isolating(lambda reqs: scorer.greedy(reqs, max_new_tokens=self.max_new_tokens), requests,
-                                  lambda r: r.id)
