@@ -321,7 +321,10 @@ def _run_locked(config: StudyConfig, started: float, progress: bool,
         run_bar.settle(source, len(items), built)
         n_resumed = len(store.scores(rows_per_item=len(CONDITIONS)).load())
         with timer("score candidate sets", computed):
-            score_stage(store, lanes, envs, items, progress=progress, after_item=hooked, split=plan.exact)
+            # Scoring runs on every thread in one lane: its big trie groups use two threads well (1.8-1.9x from 1 to
+            # 2 threads, docs/performance.md "Threads and cores"), so lanes would gain little there.
+            with lanes.solo() as scorer:
+                score_stage(store, scorer, envs, items, progress=progress, after_item=hooked)
         run_bar.settle(source, len(items), built + 1)
         with timer("greedy decoding", computed):
             greedy_stage(store, lanes, envs, items, config.new_tokens, plan, progress=progress,
