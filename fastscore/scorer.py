@@ -279,8 +279,8 @@ class Scorer(RequestTokenizer):
 
         with self._finite_weights():
             queue_decode(self.backend.decoder(longest), next_unit, done, token_bytes=self.tokenizer.token_bytes,
-                         stop_ids=self.tokenizer.stop_ids, width=min(self.max_decode_batch, width or self.max_decode_batch),
-                         longest=longest)
+                         stop_ids=self.tokenizer.stop_ids,
+                         width=min(self.max_decode_batch, width or self.max_decode_batch), longest=longest)
 
     def _greedy_prepared(self, requests: Sequence[GreedyRequest], max_new_tokens: int,
                          temperature: float | Sequence[float], rngs) -> tuple[list[float], list, list[int]]:

@@ -97,7 +97,7 @@ def test_mean_totals_sum_runs_then_divide():
 
 
 def test_op_rows_and_kind_totals_average_alike():
-    from fastscore.bench.lab.op_profile import _op_rows, mean_kind_totals
+    from fastscore.bench.lab.op_figures import _op_rows, mean_kind_totals
 
     rng = np.random.default_rng(0)
     runs = [{"nodes": [{"phase": phase, "kind": kind, "op": op, "nodes": int(rng.integers(1, 9)),

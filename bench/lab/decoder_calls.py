@@ -30,7 +30,8 @@ def call_kind(n_greedy: int, n_sampled: int) -> str:
 def tally(calls: Iterable[dict]) -> dict[str, dict[str, float]]:
     """{"env, kind": {"calls", "requests", "tokens", "lane_seconds"}} of recorded calls, each {"env", "kind" (see
     call_kind), "tokens": [per request], "seconds"}."""
-    out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0, "requests": 0, "tokens": 0, "lane_seconds": 0.0})
+    out: dict[str, dict[str, float]] = defaultdict(
+        lambda: {"calls": 0, "requests": 0, "tokens": 0, "lane_seconds": 0.0})
     for call in calls:
         row = out[f"{call['env']}, {call['kind']}"]
         row["calls"] += 1
@@ -147,8 +148,8 @@ def main(run_dir: Path, scratch: Path, threads: int) -> None:
     if sessions:  # the calls' items were served from one queue: lane-seconds per session, not per call
         click.echo(f"served from one queue: lane sessions {', '.join(f'{x:.1f}' for x in sessions)} s "
                    f"({sum(sessions):.1f} lane-seconds)")
-    click.echo(f"wall {wall:.1f} s (model load included); scores.jsonl {'byte-identical to' if same else 'DIFFERS from'} "
-               f"{run_dir / 'scores.jsonl'}")
+    verdict = "byte-identical to" if same else "DIFFERS from"
+    click.echo(f"wall {wall:.1f} s (model load included); scores.jsonl {verdict} {run_dir / 'scores.jsonl'}")
 
 
 if __name__ == "__main__":
