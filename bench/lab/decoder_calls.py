@@ -131,8 +131,9 @@ def main(run_dir: Path, scratch: Path, threads: int) -> None:
     )  # fmt: skip
     calls: list[dict] = []
     sessions: list[float] = []
-    run, recording = _recorded(calls, item_envs(run_dir))
-    served, serving = _served(calls, item_envs(run_dir))
+    env_of = item_envs(run_dir)
+    run, recording = _recorded(calls, env_of)
+    served, serving = _served(calls, env_of)
     serve, timed_serve = _timed_sessions(sessions)
     decode.DecoderCall.run, decode.served, Scorer.serve_greedy = recording, serving, timed_serve
     start = time.perf_counter()

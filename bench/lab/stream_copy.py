@@ -51,32 +51,30 @@ def main(threads: int, live: int, length: int, longest: int, slots: int, copies:
         backend = scorer.backend
         rng = np.random.default_rng(0)
         contexts = [rng.integers(100, backend.n_vocab - 100, length).tolist() for _ in range(live)]
-        decoder = backend.decoder(2 * pairs)
-        granted = decoder.reserve_slots(slots, longest=longest)
-        if granted < live + copies:
-            raise click.ClickException(f"the backend granted {granted} streams of {slots}")
-        decoder.start(contexts)
-        stream = decoder.groups[0]
-        L, memory = backend._L, stream.memory
-        active, tokens = list(range(live)), [5] * live
         plain: list[float] = []
         copied: list[float] = []
-        for step in range(2 * pairs):
-            copy = step % 2 == 1
+        with backend.decoder(2 * pairs) as decoder:
+            granted = decoder.reserve_slots(slots, longest=longest)
+            if granted < live + copies:
+                raise click.ClickException(f"the backend granted {granted} streams of {slots}")
+            decoder.start(contexts)
+            cells = decoder.room[1]
+            L, memory = backend._L, decoder.groups[0].memory
+            active, tokens = list(range(live)), [5] * live
             targets = range(live, live + copies)
-            if copy:
-                for target in targets:
-                    L.llama_memory_seq_cp(memory, step % live, target, -1, -1)
-            start = time.perf_counter()
-            decoder.step(active, tokens)
-            (copied if copy else plain).append(time.perf_counter() - start)
-            if copy:
-                for target in targets:
-                    L.llama_memory_seq_rm(memory, target, -1, -1)
-        decoder.close()
+            for step in range(2 * pairs):
+                copy = step % 2 == 1
+                if copy:
+                    for target in targets:
+                        L.llama_memory_seq_cp(memory, step % live, target, -1, -1)
+                start = time.perf_counter()
+                decoder.step(active, tokens)
+                (copied if copy else plain).append(time.perf_counter() - start)
+                if copy:
+                    for target in targets:
+                        L.llama_memory_seq_rm(memory, target, -1, -1)
     finally:
         scorer.close()
-    cells = decoder.room[1]
     plain, copied = plain[1:], copied[1:]
     per_copy = copy_seconds(plain, copied, copies)
     click.echo(f"{live} contexts of {length} tokens in {slots} streams of {cells} cells, {threads} thread(s)")
