@@ -31,12 +31,11 @@ def step_reference(rows: int, cells: int, row_flops: float, sgemm_flops: float, 
     return rows * row_flops / sgemm_flops + cells * cell_bytes * (1.0 / k_rate + 1.0 / v_rate)
 
 
-@click.command()
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.argument("scratch", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--threads", type=int, default=2, show_default=True, help="The run's threads (one per lane).")
-@click.option("--sgemm-n", type=int, default=2048, show_default=True)
-def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
+def measure(run_dir: Path, scratch: Path, threads: int, sgemm_n: int = 2048) -> dict:
+    """RUN_DIR's greedy stage run again in SCRATCH and its plain steps set against the reference: the rates measured
+    ("sgemm_gflops", "k_rate", "v_rate" in bytes/s, "cells", "mean_cells", "row_flops", "cell_bytes"), per
+    (environment, kind of call) the plain steps ("plain": steps, rows, cells, measured, reference and arithmetic
+    seconds) and the decoder's seconds split ("split": time_split)."""
     from fastscore.bench.lab import kv_read
     from fastscore.bench.lab.decode_levers import record
     from fastscore.bench.roofline import lm_head_flops, non_embedding_params, shape_from_gguf
@@ -63,37 +62,56 @@ def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
     k_rate, v_rate = read_bytes / seconds[0], read_bytes / seconds[3]
     row_flops = 2.0 * non_embedding_params(shape) + lm_head_flops(shape)
     flops = sgemm["gflops"] * 1e9
-    click.echo(f"\nsgemm {sgemm['gflops']:.1f} GFLOP/s on one thread; plain reads at {cells} cells (the steps' mean "
-               f"{mean_cells:.0f}): K {k_rate / 1e9:.1f} GB/s, V {v_rate / 1e9:.1f} GB/s; "
-               f"{row_flops / 1e6:.0f} MFLOP a row outside attention; {cell_bytes / 1e3:.1f} KB of K and as much of V "
-               "a cell\n")
     groups: dict[tuple[str, str], list] = defaultdict(list)
     for env, kind, rows, n, s in plain:
         groups[env, kind].append((rows, n, s))
-    click.echo("| calls | plain steps | rows | cells per row | measured s | reference s: arithmetic + read | "
-               "reference / measured |")
-    click.echo("|---|---|---|---|---|---|---|")
-    total = [0.0, 0.0]
-    for (env, kind), steps in sorted(groups.items()):
-        rows, n = sum(r for r, _, _ in steps), sum(c for _, c, _ in steps)
-        measured = sum(s for _, _, s in steps)
-        arithmetic = step_reference(rows, 0, row_flops, flops, cell_bytes, k_rate, v_rate)  # no cells: no read
-        reference = sum(step_reference(r, c, row_flops, flops, cell_bytes, k_rate, v_rate) for r, c, _ in steps)
-        total[0] += measured
-        total[1] += reference
-        click.echo(f"| {env} {kind} | {len(steps):,} | {rows:,} | {n / rows:.0f} | "
-                   f"{measured:.1f} | {reference:.1f}: {arithmetic:.1f} + {reference - arithmetic:.1f} | "
-                   f"{reference / measured:.2f} |")
-    click.echo(f"\nAll plain steps: {total[0]:.1f} s measured, {total[1]:.1f} s at the reference, "
-               f"{total[1] / total[0]:.2f}.\n")
-    click.echo("| calls | decoder seconds | first prefill | steps joining contexts (their prefill included) | "
-               "plain steps | the rest (host work between steps) |")
-    click.echo("|---|---|---|---|---|---|")
-    for key, parts in sorted(time_split(calls).items()):
-        env, kind = key
-        whole, start, joins, steps = parts
-        click.echo(f"| {env} {kind} | {whole:.1f} | {start:.1f} | {joins:.1f} | "
-                   f"{steps:.1f} | {whole - start - joins - steps:.1f} |")
+    steps = {}
+    for key, group in sorted(groups.items()):
+        rows = sum(r for r, _, _ in group)
+        steps[key] = {"steps": len(group), "rows": rows, "cells": sum(c for _, c, _ in group),
+                      "measured": sum(s for _, _, s in group),
+                      "reference": sum(step_reference(r, c, row_flops, flops, cell_bytes, k_rate, v_rate)
+                                       for r, c, _ in group),
+                      "arithmetic": step_reference(rows, 0, row_flops, flops, cell_bytes, k_rate, v_rate)}
+    return {"sgemm_gflops": sgemm["gflops"], "k_rate": k_rate, "v_rate": v_rate, "cells": cells,
+            "mean_cells": mean_cells, "row_flops": row_flops, "cell_bytes": cell_bytes, "plain": steps,
+            "split": time_split(calls)}
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("scratch", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--threads", type=int, default=2, show_default=True, help="The run's threads (one per lane).")
+@click.option("--sgemm-n", type=int, default=2048, show_default=True)
+def main(run_dir: Path, scratch: Path, threads: int, sgemm_n: int) -> None:
+    click.echo(render(measure(run_dir, scratch, threads, sgemm_n)))
+
+
+def render(result: dict) -> str:
+    """The two tables of `measure`'s result: plain steps against the reference, the decoder's seconds split."""
+    lines = [f"\nsgemm {result['sgemm_gflops']:.1f} GFLOP/s on one thread; plain reads at {result['cells']} cells "
+             f"(the steps' mean {result['mean_cells']:.0f}): K {result['k_rate'] / 1e9:.1f} GB/s, "
+             f"V {result['v_rate'] / 1e9:.1f} GB/s; {result['row_flops'] / 1e6:.0f} MFLOP a row outside attention; "
+             f"{result['cell_bytes'] / 1e3:.1f} KB of K and as much of V a cell\n",
+             "| calls | plain steps | rows | cells per row | measured s | reference s: arithmetic + read | "
+             "reference / measured |",
+             "|---|---|---|---|---|---|---|"]
+    measured = reference = 0.0
+    for (env, kind), g in result["plain"].items():
+        measured += g["measured"]
+        reference += g["reference"]
+        lines.append(f"| {env} {kind} | {g['steps']:,} | {g['rows']:,} | {g['cells'] / g['rows']:.0f} | "
+                     f"{g['measured']:.1f} | {g['reference']:.1f}: {g['arithmetic']:.1f} + "
+                     f"{g['reference'] - g['arithmetic']:.1f} | {g['reference'] / g['measured']:.2f} |")
+    lines += [f"\nAll plain steps: {measured:.1f} s measured, {reference:.1f} s at the reference, "
+              f"{reference / measured:.2f}.\n",
+              "| calls | decoder seconds | first prefill | steps joining contexts (their prefill included) | "
+              "plain steps | the rest (host work between steps) |",
+              "|---|---|---|---|---|---|"]
+    for (env, kind), (whole, start, joins, steps) in sorted(result["split"].items()):
+        lines.append(f"| {env} {kind} | {whole:.1f} | {start:.1f} | {joins:.1f} | {steps:.1f} | "
+                     f"{whole - start - joins - steps:.1f} |")
+    return "\n".join(lines)
 
 
 def time_split(calls: list[dict]) -> dict[tuple[str, str], tuple[float, float, float, float]]:
