@@ -97,7 +97,7 @@ def render(result: dict) -> str:
              "reference / measured |",
              "|---|---|---|---|---|---|---|"]
     measured = reference = 0.0
-    for (env, kind), g in result["plain"].items():
+    for (env, kind), g in sorted(result["plain"].items()):
         measured += g["measured"]
         reference += g["reference"]
         lines.append(f"| {env} {kind} | {g['steps']:,} | {g['rows']:,} | {g['cells'] / g['rows']:.0f} | "

@@ -11,10 +11,13 @@ RUN is a study's `--out` folder (its `seeded/` and `model/` runs). Two measureme
 
 The ceiling then puts each stage at its reference, generously: scoring at its bound; in the decoder, the plain steps
 at their reference, prefill taking the share of its time that scoring's bound takes of scoring's (prefill is the same
-batched forward), host work as it is; building on-policy items (the same decoder on the model's attempts) at its
+batched forward), host work between steps as it is; building on-policy items (the same decoder on the model's attempts) at its
 source's decoder share with the same tokens; every other stage as it is. Two further rows take prefill away from
 greedy decoding: its first prefill (what continuing from the scoring pass's KV could save) and all of it (the
-joining steps' rows go too). Each stage's wall is taken to shrink with its lane-seconds. `--base-rate` (a base
+joining steps' rows go too). Each stage's wall is taken to shrink with its decoder's lane-seconds: what a stage does
+outside the decoder (running attempts in the sandbox, rendering) shrinks with it, and the share comes from
+decoder_calls' re-run, whose calls are each decoded on their own rather than from the lanes' one queue; both err on
+the generous side. `--base-rate` (a base
 commit's item-runs per hour on the same workload, measured side by side with today's code) turns the ceilings into
 speed-ups over that base. The ceilings' seconds move less between runs than the run's own (the machine's speed
 drifts): set them against the base's measured rate, not against this run's speed-up.
