@@ -99,8 +99,8 @@ def measure(run: Path, scratch: Path, threads: int) -> dict:
     stages = {r["failures"]: {s["stage"]: s["measured_seconds"] for s in r["stages"]} for r in bound["runs"]}
     bounds = {r["failures"]: {s["stage"]: s["bound_seconds"] for s in r["stages"]} for r in bound["runs"]}
     splits, references = {}, {}
-    for folder in folders:
-        source = json.loads((folder / "config.json").read_text(encoding="utf-8"))["failures"]
+    for folder, run_bound in zip(folders, bound["runs"], strict=True):  # study_bound keeps the folders' order
+        source = run_bound["failures"]
         ref = decode_reference.measure(folder, scratch / source, threads)
         references[source] = decode_reference.render(ref)
         parts = [sum(p[k] for p in ref["split"].values()) for k in range(4)]
